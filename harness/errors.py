@@ -1,0 +1,16 @@
+"""Errors a user can cause and fix. The CLI prints their message as one line, without a traceback."""
+
+
+class UserError(Exception):
+    """Something the user gave us (a flag, a file, a database, a config value) is wrong.
+
+    The message says what was wrong and, where it helps, what to do; it is one line.
+    """
+
+
+class SchemaError(UserError):
+    """The database was written by another schema version, or is not a vpo-evolve database."""
+
+
+class ProblemError(UserError):
+    """A problem could not be found or loaded."""
