@@ -1,0 +1,122 @@
+"""The problem contract: objectives, folding call results, and finding problems."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from problems.api import Call, Objective, combine
+from problems.circle_packing import CirclePacking
+from problems.registry import ProblemLoadError, available, load
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(1e-6, 1e6))
+def test_normalised_scores_stay_in_unit_interval(raw: float, best: float) -> None:
+    for direction in ("max", "min"):
+        value = Objective("x", direction, best, "test").normalise(raw)
+        assert 0.0 <= value <= 1.0
+        if not math.isfinite(raw):
+            assert value == 0.0
+
+
+def test_normalise_directions() -> None:
+    assert Objective("x", "max", 2.0, "s").normalise(1.0) == 0.5
+    assert Objective("x", "min", 2.0, "s").normalise(4.0) == 0.5
+    assert Objective("x", "min", 2.0, "s").normalise(0.0) == 0.0
+    with pytest.raises(ValueError):
+        Objective("x", "up", 2.0, "s")  # type: ignore[arg-type]
+
+
+def test_combine_keeps_the_credit_of_calls_that_worked() -> None:
+    problem = CirclePacking()
+    evaluation = combine(
+        problem,
+        {"n26": ("ok", {"n26": 2.0}, None), "n32": ("timeout", {}, "timed out after 10 s")},
+    )
+    assert evaluation.status == "timeout"
+    assert evaluation.reason == "n32: timed out after 10 s"
+    assert evaluation.scores["n26"] == pytest.approx(2.0 / 2.63598308)
+    assert evaluation.scores["n32"] == 0.0
+    assert evaluation.raw == {"n26": 2.0, "n32": None}
+
+
+def test_empty_evaluation_is_all_zeros() -> None:
+    evaluation = CirclePacking().empty_evaluation("invalid", "did not parse")
+    assert evaluation.scores == {"n26": 0.0, "n32": 0.0}
+    assert evaluation.to_json()["reason"] == "did not parse"
+
+
+def test_installed_problems_are_found_by_entry_point() -> None:
+    assert "circle_packing" in available()
+    assert load("circle_packing").name == "circle_packing"
+
+
+def test_unknown_problem_names_what_exists() -> None:
+    with pytest.raises(ProblemLoadError, match="unknown problem 'nope'.*circle_packing"):
+        load("nope")
+
+
+FOLDER_PROBLEM = """
+from problems.api import Call, Infeasible, Objective, Problem
+
+class Square(Problem):
+    name = "square"
+    description = "Return a number close to 3."
+    seed_program = "def answer():\\n    return 1.0\\n"
+    entry = "answer"
+    time_limit = 2.0
+    objectives = (Objective("closeness", "max", 1.0, "by definition"),)
+
+    def score(self, call, value):
+        if not isinstance(value, float):
+            raise Infeasible("not a float")
+        return {"closeness": 1.0 / (1.0 + abs(value - 3.0))}
+
+{export}
+"""
+
+
+@pytest.mark.parametrize(
+    "export", ["problem = Square()", "def make_problem():\n    return Square()"]
+)
+def test_folder_problem_loads(tmp_path: Path, export: str) -> None:
+    (tmp_path / "problem.py").write_text(FOLDER_PROBLEM.replace("{export}", export))
+    problem = load(str(tmp_path))
+    assert problem.name == "square"
+    assert problem.calls() == (Call("main", (), ("closeness",)),)
+
+
+@pytest.mark.parametrize(
+    "body,words",
+    [
+        ("x = (", "could not load.*SyntaxError"),
+        ("raise RuntimeError('boom')", "could not load.*boom"),
+        ("x = 1", "defines neither"),
+        ("def make_problem():\n    return 42", "not a Problem"),
+        ("def make_problem():\n    raise ValueError('bad')", "factory.*bad"),
+        (
+            FOLDER_PROBLEM.replace("{export}", "problem = Square()").replace('"answer"', '"1x"'),
+            "not a name",
+        ),
+        (
+            FOLDER_PROBLEM.replace("{export}", "problem = Square()").replace(
+                "objectives = (", "objectives = (Objective('closeness', 'max', 1.0, 's'), "
+            ),
+            "repeats",
+        ),
+    ],
+)
+def test_broken_folder_problems_give_one_line(tmp_path: Path, body: str, words: str) -> None:
+    (tmp_path / "problem.py").write_text(body)
+    with pytest.raises(ProblemLoadError, match=words) as info:
+        load(str(tmp_path))
+    assert "\n" not in str(info.value)
+
+
+def test_folder_without_problem_py(tmp_path: Path) -> None:
+    with pytest.raises(ProblemLoadError, match="no problem.py"):
+        load(str(tmp_path))
