@@ -1,4 +1,4 @@
-"""Errors a user can cause and fix. The CLI prints their message as one line, without a traceback."""
+"""Errors a user can cause and fix; the CLI prints each message as one line, no traceback."""
 
 
 class UserError(Exception):

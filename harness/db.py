@@ -1,0 +1,292 @@
+"""The solution database: SQLAlchemy 2.0 typed models, one class per table.
+
+The database is the checkpoint: a campaign resumes from these rows alone. Only `harness.store`
+reads and writes them; everything else receives plain records.
+
+The same models run on SQLite (the embedded default) and PostgreSQL, so they use only portable
+column types: JSON, Text, Float, Integer and timestamps stored in UTC.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Bump when a table or column changes; `Store.open` refuses databases written by a newer version.
+SCHEMA_VERSION = 1
+
+CAMPAIGN_STATUSES = ("running", "finished", "failed", "stopped")
+PROGRAM_STATUSES = ("ok", "invalid", "error", "timeout")
+PROGRAM_ORIGINS = ("seed", "llm", "migration")
+
+
+def code_hash(code: str) -> str:
+    """sha256 of the code with trailing whitespace and blank lines removed.
+
+    Two candidates that differ only in layout noise an LLM adds (trailing spaces, extra blank
+    lines, CRLF endings) hash alike, so they are evaluated once. Anything else, comments
+    included, counts as a different program: stripping more would need a parser and could merge
+    programs that behave differently.
+    """
+    lines = (line.rstrip() for line in code.splitlines())
+    normalised = "\n".join(line for line in lines if line)
+    return hashlib.sha256(normalised.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def dumps_json(value: Any) -> str:
+    """JSON for JSON columns; NaN and infinity are refused because PostgreSQL refuses them."""
+    return json.dumps(value, allow_nan=False)
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def create_tables(connection: Connection) -> None:
+    """Create every table, on any engine.
+
+    Creates from a copy of the metadata: on PostgreSQL, SQLAlchemy adds the cyclic foreign key
+    with ALTER TABLE and marks the shared constraint object as not-inline for the rest of the
+    process, so a SQLite database created afterwards would silently lack that foreign key.
+    """
+    copy = MetaData(naming_convention=Base.metadata.naming_convention)
+    for table in Base.metadata.tables.values():
+        table.to_metadata(copy)
+    copy.create_all(connection)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp that is always timezone-aware UTC in Python.
+
+    SQLite has no timezone-aware type and hands back naive datetimes; without this the same
+    row would compare differently depending on the engine.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware one")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# Python None is stored as SQL NULL, not as the JSON text 'null', so `IS NULL` finds it.
+NullableJSON = JSON(none_as_null=True)
+
+
+def _one_of(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    # Named constraints keep DDL stable across engines and let a later migration refer to them.
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+        str: Text(),
+        float: Float(),
+    }
+
+
+class Meta(Base):
+    """Key/value facts about the database itself; `schema_version` is the one that matters."""
+
+    __tablename__ = "meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str]
+
+
+class Campaign(Base):
+    __tablename__ = "campaign"
+    __table_args__ = (CheckConstraint(_one_of("status", CAMPAIGN_STATUSES), name="status"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    problem: Mapped[str] = mapped_column(String(200))
+    config: Mapped[dict[str, Any]]
+    seed: Mapped[int]
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+
+
+class Program(Base):
+    __tablename__ = "program"
+    __table_args__ = (
+        CheckConstraint(_one_of("status", PROGRAM_STATUSES), name="status"),
+        CheckConstraint(_one_of("origin", PROGRAM_ORIGINS), name="origin"),
+        # Not unique: a migration copies a program, hash and all, to another island.
+        Index(None, "campaign_id", "code_hash"),
+        Index(None, "campaign_id", "status"),
+        Index(None, "campaign_id", "island"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"))
+    code: Mapped[str]
+    code_hash: Mapped[str] = mapped_column(String(64))
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("program.id", ondelete="CASCADE"), index=True
+    )
+    island: Mapped[int] = mapped_column(default=0)
+    generation: Mapped[int] = mapped_column(default=0)
+    origin: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    error: Mapped[str | None]
+    eval_seconds: Mapped[float] = mapped_column(default=0.0)
+    # program -> trajectory -> rollout_group -> program is a cycle; use_alter lets PostgreSQL
+    # add this key after all three tables exist (SQLite accepts the forward reference inline).
+    trajectory_id: Mapped[int | None] = mapped_column(
+        ForeignKey("trajectory.id", ondelete="CASCADE", use_alter=True), index=True
+    )
+    candidate_index: Mapped[int | None]
+    # Raw objective values and artifacts (stdout tail, construction) as the scorer reported them.
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+    # Ordered so records and prompts list objectives the same way on every engine.
+    scores: Mapped[list[Score]] = relationship(
+        back_populates="program",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+        order_by="Score.objective",
+    )
+
+
+class Score(Base):
+    """One objective of one program: `value` in [0,1] (higher is better) and the raw number."""
+
+    __tablename__ = "score"
+    __table_args__ = (
+        # Written so NaN fails too: on PostgreSQL NaN sorts above every number.
+        CheckConstraint("value >= 0 AND value <= 1", name="value_unit"),
+        Index(None, "objective", "value"),
+    )
+
+    program_id: Mapped[int] = mapped_column(
+        ForeignKey("program.id", ondelete="CASCADE"), primary_key=True
+    )
+    objective: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[float]
+    raw: Mapped[float | None]
+
+    program: Mapped[Program] = relationship(back_populates="scores")
+
+
+class RolloutGroup(Base):
+    """G rollouts generated for one prompt (`group` is a reserved word in SQL)."""
+
+    __tablename__ = "rollout_group"
+    __table_args__ = (Index(None, "campaign_id", "train_step"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"))
+    parent_program_id: Mapped[int | None] = mapped_column(
+        ForeignKey("program.id", ondelete="CASCADE"), index=True
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+    # NULL until a training step consumes the group; resuming trains on exactly the NULL ones.
+    train_step: Mapped[int | None]
+    policy_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("policy_version.id", ondelete="CASCADE"), index=True
+    )
+
+
+class GroupDraft(Base):
+    """A program shown to the model as a draft (inspiration) in a group's prompt."""
+
+    __tablename__ = "group_draft"
+
+    group_id: Mapped[int] = mapped_column(
+        ForeignKey("rollout_group.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(primary_key=True)
+    program_id: Mapped[int] = mapped_column(
+        ForeignKey("program.id", ondelete="CASCADE"), index=True
+    )
+
+
+class Trajectory(Base):
+    """One rollout: prompt, completion and the tokens the trainer needs to replay it."""
+
+    __tablename__ = "trajectory"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    group_id: Mapped[int] = mapped_column(
+        ForeignKey("rollout_group.id", ondelete="CASCADE"), index=True
+    )
+    prompt: Mapped[str]
+    completion: Mapped[str]
+    token_ids: Mapped[list[int]] = mapped_column(JSON)
+    # Sampling log-probs, where the backend gives them; NULL otherwise.
+    logprobs: Mapped[list[float] | None] = mapped_column(NullableJSON)
+    policy_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("policy_version.id", ondelete="CASCADE"), index=True
+    )
+    parse_status: Mapped[str] = mapped_column(String(32))
+    parse_error: Mapped[str | None]
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class PolicyVersion(Base):
+    __tablename__ = "policy_version"
+    __table_args__ = (UniqueConstraint("campaign_id", "step"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"))
+    step: Mapped[int]
+    # Folder or hub id of the weights or adapter.
+    path: Mapped[str]
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+class Event(Base):
+    """Append-only log; nothing updates or deletes an event."""
+
+    __tablename__ = "event"
+    __table_args__ = (Index(None, "campaign_id", "kind"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utc_now)

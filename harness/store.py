@@ -1,0 +1,601 @@
+"""The only code that reads and writes the solution database.
+
+Every public method is one transaction: a program, its scores and the event that logs it are
+committed together or not at all. Callers get plain frozen records, never live ORM objects, so
+nothing outside this module can touch the database by accident or hold a session open.
+
+    store = Store.open("runs/circles.db")            # or sqlite:///..., postgresql://...
+    campaign_id = store.create_campaign("circles", "circle_packing", config={}, seed=0)
+    store.add_program(campaign_id, code, status="ok", scores={"sum_radii": 0.9}, raw={...})
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import Engine, Select, create_engine, event, func, inspect, select, text, update
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.pool import StaticPool
+
+from harness.db import (
+    CAMPAIGN_STATUSES,
+    PROGRAM_ORIGINS,
+    PROGRAM_STATUSES,
+    SCHEMA_VERSION,
+    Base,
+    Campaign,
+    Event,
+    Meta,
+    Program,
+    Score,
+    code_hash,
+    create_tables,
+    dumps_json,
+)
+from harness.errors import SchemaError, UserError
+
+# Seconds a SQLite writer waits for another writer before giving up, and a PostgreSQL client
+# waits for the server to answer: long enough for a busy campaign, short enough not to look hung.
+SQLITE_BUSY_TIMEOUT_S = 30
+POSTGRES_CONNECT_TIMEOUT_S = 5
+
+# Any fixed number: serialises concurrent `Store.open` calls that would create the tables.
+_POSTGRES_CREATE_LOCK = 0x7670_6F65
+
+
+@dataclass(frozen=True)
+class CampaignRecord:
+    id: int
+    name: str
+    problem: str
+    config: dict[str, Any]
+    seed: int
+    created_at: datetime
+    status: str
+
+
+@dataclass(frozen=True)
+class ProgramRecord:
+    id: int
+    campaign_id: int
+    code: str
+    code_hash: str
+    parent_id: int | None
+    island: int
+    generation: int
+    origin: str
+    status: str
+    error: str | None
+    eval_seconds: float
+    trajectory_id: int | None
+    candidate_index: int | None
+    metrics: dict[str, Any]
+    created_at: datetime
+    scores: dict[str, float]  # objective -> value in [0,1], higher is better
+    raw: dict[str, float | None]  # objective -> unnormalised value, None where there is none
+
+    def vector(self, objectives: Sequence[str]) -> tuple[float, ...]:
+        """The score vector r(s) in the given objective order."""
+        return tuple(self.scores[objective] for objective in objectives)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    campaign_id: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a campaign holds, computed by aggregate queries each time it is asked."""
+
+    programs: dict[str, int]  # status -> count, every status present
+    events: dict[str, int]  # kind -> count, only kinds that occurred
+
+    @property
+    def total_programs(self) -> int:
+        return sum(self.programs.values())
+
+
+class Store:
+    """A solution database on SQLite or PostgreSQL; get one with `Store.open`."""
+
+    def __init__(self, engine: Engine, where: str) -> None:
+        self._engine = engine
+        # Writers on SQLite take the write lock up front (BEGIN IMMEDIATE, see `_sqlite_engine`).
+        self._write_engine = engine.execution_options(vpo_write=True)
+        self.where = where
+
+    @classmethod
+    def open(cls, target: str | os.PathLike[str], *, create: bool = True) -> Store:
+        """Open a file path, `sqlite:///path` or `postgresql://...`; create the tables if new.
+
+        Raises UserError when the database cannot be reached and SchemaError when it is not a
+        vpo-evolve database or was written by a newer schema.
+        """
+        url = _database_url(target, create=create)
+        where = _describe(url)
+        engine = _make_engine(url)
+        try:
+            _prepare(engine, where, create=create)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, where)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.where!r})"
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        with Session(self._engine) as session, session.begin():
+            yield session
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        with Session(self._write_engine) as session, session.begin():
+            yield session
+
+    # Campaigns
+
+    def create_campaign(self, name: str, problem: str, config: dict[str, Any], seed: int) -> int:
+        try:
+            with self._writing() as session:
+                campaign = Campaign(name=name, problem=problem, config=config, seed=seed)
+                session.add(campaign)
+                session.flush()
+                session.add(
+                    Event(
+                        campaign_id=campaign.id,
+                        kind="campaign_created",
+                        payload={"name": name, "problem": problem, "seed": seed},
+                    )
+                )
+                return campaign.id
+        except IntegrityError as exc:
+            if self.get_campaign(name) is None:
+                raise
+            raise UserError(
+                f"a campaign named {name!r} already exists in {self.where}; "
+                "pick another name or resume that one"
+            ) from exc
+
+    def get_campaign(self, name: str) -> CampaignRecord | None:
+        with self._reading() as session:
+            campaign = session.scalar(select(Campaign).where(Campaign.name == name))
+            return None if campaign is None else _campaign_record(campaign)
+
+    def campaigns(self) -> list[CampaignRecord]:
+        with self._reading() as session:
+            rows = session.scalars(select(Campaign).order_by(Campaign.id))
+            return [_campaign_record(campaign) for campaign in rows]
+
+    def set_campaign_status(self, campaign_id: int, status: str) -> None:
+        _check_choice("campaign status", status, CAMPAIGN_STATUSES)
+        with self._writing() as session:
+            result = session.execute(
+                update(Campaign).where(Campaign.id == campaign_id).values(status=status)
+            )
+            if result.rowcount != 1:
+                raise KeyError(f"no campaign with id {campaign_id}")
+            session.add(
+                Event(campaign_id=campaign_id, kind="campaign_status", payload={"status": status})
+            )
+
+    # Programs
+
+    def add_program(
+        self,
+        campaign_id: int,
+        code: str,
+        *,
+        status: str,
+        scores: Mapping[str, float],
+        raw: Mapping[str, float | None],
+        error: str | None = None,
+        parent_id: int | None = None,
+        island: int = 0,
+        generation: int = 0,
+        origin: str = "seed",
+        eval_seconds: float = 0.0,
+        metrics: dict[str, Any] | None = None,
+        trajectory_id: int | None = None,
+        candidate_index: int | None = None,
+    ) -> int:
+        """Store a program, its scores and a `program_added` event in one transaction."""
+        _check_choice("program status", status, PROGRAM_STATUSES)
+        _check_choice("program origin", origin, PROGRAM_ORIGINS)
+        _check_scores(scores, raw)
+        if "\x00" in code:
+            # PostgreSQL text cannot hold NUL, SQLite can: refuse on both so engines agree.
+            raise ValueError("program code contains a NUL character; treat it as invalid output")
+        if error is not None:
+            # Error text is for people (often a stderr tail); keep a visible marker instead.
+            error = error.replace("\x00", "\\x00")
+        with self._writing() as session:
+            program = Program(
+                campaign_id=campaign_id,
+                code=code,
+                code_hash=code_hash(code),
+                parent_id=parent_id,
+                island=island,
+                generation=generation,
+                origin=origin,
+                status=status,
+                error=error,
+                eval_seconds=eval_seconds,
+                trajectory_id=trajectory_id,
+                candidate_index=candidate_index,
+                metrics={} if metrics is None else metrics,
+                scores=[
+                    Score(
+                        objective=objective,
+                        value=float(value),
+                        raw=_float_or_none(raw.get(objective)),
+                    )
+                    for objective, value in scores.items()
+                ],
+            )
+            session.add(program)
+            session.flush()
+            session.add(
+                Event(
+                    campaign_id=campaign_id,
+                    kind="program_added",
+                    payload={
+                        "program_id": program.id,
+                        "status": status,
+                        "origin": origin,
+                        "island": island,
+                    },
+                )
+            )
+            return program.id
+
+    def program(self, program_id: int) -> ProgramRecord | None:
+        with self._reading() as session:
+            program = session.get(Program, program_id, options=[selectinload(Program.scores)])
+            return None if program is None else _program_record(program)
+
+    def programs(
+        self, campaign_id: int, status: str | None = None, island: int | None = None
+    ) -> list[ProgramRecord]:
+        """The campaign's programs in the order they were stored, optionally filtered."""
+        query = select(Program).where(Program.campaign_id == campaign_id)
+        if status is not None:
+            _check_choice("program status", status, PROGRAM_STATUSES)
+            query = query.where(Program.status == status)
+        if island is not None:
+            query = query.where(Program.island == island)
+        return self._program_records(query)
+
+    def find_by_hash(self, campaign_id: int, code_hash: str) -> list[ProgramRecord]:
+        """Programs with this code hash, oldest first; several when a program was migrated."""
+        query = select(Program).where(
+            Program.campaign_id == campaign_id, Program.code_hash == code_hash
+        )
+        return self._program_records(query)
+
+    def _program_records(self, query: Select[Any]) -> list[ProgramRecord]:
+        query = query.options(selectinload(Program.scores)).order_by(Program.id)
+        with self._reading() as session:
+            return [_program_record(program) for program in session.scalars(query)]
+
+    # Events and counters
+
+    def record_event(self, campaign_id: int, kind: str, payload: dict[str, Any]) -> int:
+        with self._writing() as session:
+            entry = Event(campaign_id=campaign_id, kind=kind, payload=payload)
+            session.add(entry)
+            session.flush()
+            return entry.id
+
+    def events(self, campaign_id: int, kind: str | None = None) -> list[EventRecord]:
+        query = select(Event).where(Event.campaign_id == campaign_id)
+        if kind is not None:
+            query = query.where(Event.kind == kind)
+        with self._reading() as session:
+            return [
+                EventRecord(e.id, e.campaign_id, e.kind, e.payload, e.created_at)
+                for e in session.scalars(query.order_by(Event.id))
+            ]
+
+    def counts(self, campaign_id: int) -> Counts:
+        with self._reading() as session:
+            by_status = session.execute(
+                select(Program.status, func.count())
+                .where(Program.campaign_id == campaign_id)
+                .group_by(Program.status)
+            )
+            by_kind = session.execute(
+                select(Event.kind, func.count())
+                .where(Event.campaign_id == campaign_id)
+                .group_by(Event.kind)
+            )
+            programs = dict.fromkeys(PROGRAM_STATUSES, 0)
+            programs.update({status: count for status, count in by_status})
+            return Counts(programs=programs, events={kind: count for kind, count in by_kind})
+
+
+def _campaign_record(campaign: Campaign) -> CampaignRecord:
+    return CampaignRecord(
+        id=campaign.id,
+        name=campaign.name,
+        problem=campaign.problem,
+        config=campaign.config,
+        seed=campaign.seed,
+        created_at=campaign.created_at,
+        status=campaign.status,
+    )
+
+
+def _program_record(program: Program) -> ProgramRecord:
+    return ProgramRecord(
+        id=program.id,
+        campaign_id=program.campaign_id,
+        code=program.code,
+        code_hash=program.code_hash,
+        parent_id=program.parent_id,
+        island=program.island,
+        generation=program.generation,
+        origin=program.origin,
+        status=program.status,
+        error=program.error,
+        eval_seconds=program.eval_seconds,
+        trajectory_id=program.trajectory_id,
+        candidate_index=program.candidate_index,
+        metrics=program.metrics,
+        created_at=program.created_at,
+        scores={score.objective: score.value for score in program.scores},
+        raw={score.objective: score.raw for score in program.scores},
+    )
+
+
+def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
+
+
+def _check_scores(scores: Mapping[str, float], raw: Mapping[str, float | None]) -> None:
+    # The table checks the range too; checking here first gives a message that names the value.
+    for objective, value in scores.items():
+        if not 0.0 <= float(value) <= 1.0:  # False for NaN as well
+            raise ValueError(f"score {objective}={value!r} is outside [0, 1]")
+    for objective, value in raw.items():
+        if objective not in scores:
+            raise ValueError(f"raw value for {objective!r}, which has no score")
+        if value is not None and not math.isfinite(value):
+            # SQLite would store NaN as NULL and PostgreSQL keeps it: refuse rather than diverge.
+            raise ValueError(f"raw {objective}={value!r} is not finite; pass None instead")
+
+
+def _float_or_none(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+# Opening a database
+
+
+def _database_url(target: str | os.PathLike[str], *, create: bool) -> URL:
+    if isinstance(target, str) and "://" in target:
+        try:
+            url = make_url(target)
+        except ArgumentError as exc:
+            raise UserError(f"cannot parse database URL {target!r}: {exc}") from exc
+        if url.get_backend_name() in ("postgresql", "postgres"):
+            # Bare postgresql:// would pick psycopg2; we depend on psycopg 3.
+            if url.drivername in ("postgresql", "postgres"):
+                url = url.set(drivername="postgresql+psycopg")
+            return url
+        if url.get_backend_name() != "sqlite":
+            raise UserError(
+                f"unsupported database URL {url.drivername}://...; "
+                "use a file path, sqlite:///path or postgresql://user@host/dbname"
+            )
+        path = url.database
+    else:
+        path = os.fspath(target)
+        url = URL.create("sqlite", database=path)
+    if path and path != ":memory:" and not path.startswith("file:"):
+        # Absolute, so a later chdir cannot point new pool connections at another file.
+        file = Path(path).expanduser().absolute()
+        if not file.exists():
+            if not create:
+                raise UserError(f"no database at {file}; check the path or start a campaign there")
+            file.parent.mkdir(parents=True, exist_ok=True)
+        url = url.set(database=str(file))
+    return url
+
+
+def _describe(url: URL) -> str:
+    if url.get_backend_name() == "sqlite":
+        return url.database or ":memory:"
+    return url.set(drivername=url.get_backend_name()).render_as_string(hide_password=True)
+
+
+def _make_engine(url: URL) -> Engine:
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url)
+    try:
+        return create_engine(
+            url,
+            json_serializer=dumps_json,
+            # A long campaign outlives server restarts and idle-connection reaping.
+            pool_pre_ping=True,
+            connect_args={
+                "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
+                "application_name": "vpo-evolve",
+            },
+        )
+    except ImportError as exc:
+        raise UserError(
+            f"PostgreSQL needs the psycopg driver ({exc}); pip install 'vpo-evolve[postgres]'"
+        ) from exc
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    if url.database in (None, "", ":memory:"):
+        # Each connection to :memory: is a separate empty database: share one across threads.
+        engine = create_engine(
+            url,
+            json_serializer=dumps_json,
+            poolclass=StaticPool,
+            connect_args={"check_same_thread": False},
+        )
+    else:
+        engine = create_engine(url, json_serializer=dumps_json)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # Take BEGIN/COMMIT away from the sqlite3 module, which skips BEGIN before DDL (so table
+        # creation would not be one transaction); `_on_begin` issues it instead.
+        dbapi_connection.isolation_level = None
+        for pragma in (
+            "foreign_keys = ON",
+            f"busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}",
+            # In WAL mode NORMAL cannot corrupt the file; a power cut loses the last commits only.
+            "synchronous = NORMAL",
+        ):
+            dbapi_connection.execute(f"PRAGMA {pragma}")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # A deferred transaction that reads and then writes fails at once with SQLITE_BUSY when
+        # another writer got in between (busy_timeout cannot help); writers take the lock first.
+        immediate = connection.get_execution_options().get("vpo_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def _prepare(engine: Engine, where: str, *, create: bool) -> None:
+    """Check the schema version; create the tables when the database is empty."""
+    sqlite = engine.dialect.name == "sqlite"
+    try:
+        with engine.connect() as connection:
+            is_new = _check_schema(connection, where)
+        if is_new:
+            if not create:
+                raise SchemaError(f"{where} is empty, not a vpo-evolve database; create it first")
+            with engine.execution_options(vpo_write=True).begin() as connection:
+                if not sqlite:
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
+                    )
+                # Another process may have created the tables while we waited for the lock.
+                if _check_schema(connection, where):
+                    create_tables(connection)
+                    connection.execute(
+                        Meta.__table__.insert().values(
+                            key="schema_version", value=str(SCHEMA_VERSION)
+                        )
+                    )
+        if sqlite:
+            _enable_wal(engine, where)
+    except DBAPIError as exc:
+        raise _open_error(
+            exc.orig, where, sqlite, connecting=isinstance(exc, OperationalError)
+        ) from exc
+    except sqlite3.Error as exc:
+        raise _open_error(exc, where, sqlite, connecting=False) from exc
+
+
+def _check_schema(connection: Connection, where: str) -> bool:
+    """True when the database has no tables; raises SchemaError unless it is ours and current."""
+    tables = set(inspect(connection).get_table_names())
+    if not tables:
+        return True
+    foreign = f"{where} is not a vpo-evolve database"
+    if "meta" not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise SchemaError(f"{foreign} (it holds other tables: {shown}); use a new file or database")
+    try:
+        value = connection.scalar(select(Meta.value).where(Meta.key == "schema_version"))
+    except DBAPIError as exc:
+        raise SchemaError(f"{foreign} (its meta table has another layout)") from exc
+    try:
+        version = int(value)
+    except (TypeError, ValueError):
+        raise SchemaError(f"{foreign} (its meta table holds no schema_version)") from None
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"{where} was written by schema version {version}; "
+            f"this vpo-evolve reads version {SCHEMA_VERSION}; upgrade vpo-evolve"
+        )
+    if version < SCHEMA_VERSION:
+        raise SchemaError(
+            f"{where} was written by schema version {version}; this vpo-evolve reads version "
+            f"{SCHEMA_VERSION} and cannot migrate it; use the vpo-evolve release that wrote it"
+        )
+    missing = set(Base.metadata.tables) - tables
+    if missing:
+        raise SchemaError(f"{where} lacks tables {', '.join(sorted(missing))}; it is damaged")
+    return False
+
+
+def _enable_wal(engine: Engine, where: str) -> None:
+    # journal_mode persists in the file but cannot change inside a transaction, so it is set on
+    # a raw connection, and only once the file is known to be ours: never convert someone
+    # else's database before refusing it.
+    raw = engine.raw_connection()
+    try:
+        mode = raw.driver_connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    finally:
+        raw.close()
+    if mode not in ("wal", "memory"):
+        raise UserError(f"cannot switch {where} to WAL mode; it stays in {mode} mode")
+
+
+def _open_error(
+    error: BaseException | None, where: str, sqlite: bool, *, connecting: bool
+) -> UserError:
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else type(error).__name__
+    if sqlite and getattr(error, "sqlite_errorname", "") == "SQLITE_NOTADB":
+        return SchemaError(f"{where} is not a SQLite database; point at a vpo-evolve database")
+    if sqlite:
+        return UserError(f"cannot open {where}: {message}")
+    if connecting:
+        return UserError(
+            f"cannot use PostgreSQL at {where}: {message}; "
+            "check that the server is running and the URL is right"
+        )
+    if getattr(error, "sqlstate", None) == "42501":  # insufficient_privilege
+        # Since PostgreSQL 15 only the database owner may create tables in `public` by default.
+        return UserError(
+            f"cannot use PostgreSQL at {where}: {message}; "
+            "let this role create tables there (GRANT CREATE ON SCHEMA) or use a database it owns"
+        )
+    return UserError(f"cannot use PostgreSQL at {where}: {message}")

@@ -1,0 +1,151 @@
+"""Shared fixtures: database URLs for both engines, with a throwaway PostgreSQL server.
+
+`db_url` is parametrised over SQLite and PostgreSQL, so every test that takes it runs on both.
+PostgreSQL comes from $VPO_TEST_POSTGRES_URL (a libpq URL of a database where that role may
+create schemas) or, when unset, from a private server started once per session: initdb into a
+temporary folder, listening on 127.0.0.1 only, stopped at the end. Without the server binaries
+the PostgreSQL cases are skipped, unless $VPO_REQUIRE_POSTGRES=1 (set it in CI) turns that into
+a failure.
+"""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import URL
+
+INSTALL_HINT = (
+    "PostgreSQL server binaries not found; install them with `apt-get install postgresql` "
+    "(`make test` does) or set VPO_TEST_POSTGRES_URL"
+)
+
+
+def _postgres_bin() -> Path | None:
+    """The newest installed server's bin folder (Debian keeps them off PATH)."""
+    on_path = shutil.which("pg_ctl")
+    if on_path and shutil.which("initdb"):
+        return Path(on_path).parent
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
+    return Path(found[-1]).parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("VPO_REQUIRE_POSTGRES") == "1":
+        pytest.fail(f"{reason} (VPO_REQUIRE_POSTGRES=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A libpq URL of a database where tests may create schemas."""
+    given = os.environ.get("VPO_TEST_POSTGRES_URL")
+    if given:
+        yield given
+        return
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        _skip_or_fail("psycopg is not installed; pip install 'vpo-evolve[test]'")
+    bin_dir = _postgres_bin()
+    if bin_dir is None:
+        _skip_or_fail(INSTALL_HINT)
+        return
+    # The server refuses to run as root, so as root it runs as the `postgres` account the
+    # Debian package creates; the folder must then belong to that account.
+    as_user: list[str] = []
+    root = tempfile.mkdtemp(prefix="vpo-pg-")
+    if os.geteuid() == 0:
+        as_user = ["runuser", "-u", "postgres", "--"]
+        shutil.chown(root, user="postgres")
+    data, log, port = f"{root}/data", f"{root}/server.log", _free_port()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*as_user, *args], capture_output=True, text=True, timeout=60, check=False
+        )
+
+    try:
+        made = run(
+            str(bin_dir / "initdb"),
+            *("-D", data, "-U", "postgres", "--auth=trust", "--no-sync"),
+            *("--encoding=UTF8", "--locale=C"),
+        )
+        if made.returncode != 0:
+            pytest.fail(f"initdb failed: {made.stderr.strip()}", pytrace=False)
+        # Durability settings are off: a test server that crashes is simply thrown away.
+        options = (
+            f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c synchronous_commit=off "
+            "-c full_page_writes=off"
+        )
+        pg_ctl = str(bin_dir / "pg_ctl")
+        try:
+            started = run(pg_ctl, "-D", data, "-l", log, "-o", options, "-w", "start")
+            if started.returncode != 0:
+                tail = Path(log).read_text()[-2000:] if Path(log).exists() else started.stderr
+                pytest.fail(f"PostgreSQL did not start: {tail.strip()}", pytrace=False)
+            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        finally:
+            # Also after a failed start: `pg_ctl -w` may give up on a server that did come up.
+            run(pg_ctl, "-D", data, "stop", "-m", "immediate")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+_schema_numbers = itertools.count()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: str) -> Iterator[str]:
+    """A URL whose tables land in a fresh, empty schema, dropped after the test.
+
+    A schema per test rather than a database: CREATE SCHEMA takes a millisecond where CREATE
+    DATABASE takes a few tenths of a second, and the store sees only its search_path schema,
+    which is as empty as a new database.
+    """
+    import psycopg
+    from psycopg import sql
+
+    schema = f"vpo_test_{os.getpid()}_{next(_schema_numbers)}"
+    with psycopg.connect(postgres_server, autocommit=True, connect_timeout=5) as admin:
+        admin.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    params = psycopg.conninfo.conninfo_to_dict(postgres_server)
+    url = URL.create(
+        "postgresql",
+        username=params.get("user"),
+        password=params.get("password"),
+        host=params.get("host"),
+        port=int(params["port"]) if params.get("port") else None,
+        database=params.get("dbname"),
+        query={"options": f"-csearch_path={schema}"},
+    )
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True, connect_timeout=5) as admin:
+            admin.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL for a new, empty database, once per engine."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'vpo.db'}"
+    return request.getfixturevalue("postgres_url")
