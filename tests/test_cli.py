@@ -1,0 +1,187 @@
+"""The `vpo` command as a user runs it: real subprocesses, real sandbox, real database."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parents[1] / "problems" / "circle_packing" / "data"
+PUBLISHED = json.loads((DATA / "alphaevolve_circle_packings.json").read_text())
+
+
+def vpo(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+def packing_program(bump: float = 0.0) -> str:
+    rows = {
+        26: PUBLISHED["unit_square_n26"]["circles"],
+        32: PUBLISHED["unit_square_n32"]["circles"],
+    }
+    return (
+        "import numpy as np\n"
+        f"ROWS = {rows!r}\n"
+        "def construct_packing(n):\n"
+        "    rows = np.array(ROWS[n])\n"
+        f"    rows[0, 2] += {bump!r}\n"
+        "    return rows[:, :2], rows[:, 2]\n"
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], words: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("vpo: error:") and words in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_eval_reports_alphaevolve_packings_at_their_published_sums(tmp_path: Path) -> None:
+    program = tmp_path / "alphaevolve.py"
+    program.write_text(packing_program())
+    result = vpo("eval", "circle_packing", str(program), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"status", "scores", "raw", "reason"}
+    assert report["status"] == "ok" and report["reason"] is None
+    assert round(report["raw"]["n26"], 10) == 2.6358627564
+    assert round(report["raw"]["n32"], 10) == 2.9379445262
+    assert all(0.9999 < s <= 1.0 for s in report["scores"].values())
+
+
+def test_eval_rejects_a_radius_raised_by_1e_6(tmp_path: Path) -> None:
+    program = tmp_path / "bumped.py"
+    program.write_text(packing_program(bump=1e-6))
+    result = vpo("eval", "circle_packing", str(program), "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["status"] == "invalid"
+    assert report["scores"] == {"n26": 0.0, "n32": 0.0}
+    assert "n26:" in report["reason"] and "(and 1 more)" in report["reason"]
+
+
+def test_eval_table_output(tmp_path: Path) -> None:
+    program = tmp_path / "seed.py"
+    from problems.circle_packing import SEED_PROGRAM
+
+    program.write_text(SEED_PROGRAM)
+    result = vpo("eval", "circle_packing", str(program))
+    assert result.returncode == 0, result.stderr
+    assert "n26" in result.stdout and "status: ok" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "source,status,words",
+    [
+        ("def construct_packing(n:\n", "error", "SyntaxError"),
+        ("def other(n):\n    return 1\n", "error", "construct_packing"),
+        ("def construct_packing(n):\n    while True:\n        pass\n", "timeout", "timed out"),
+        ("def construct_packing(n):\n    return 'circles'\n", "invalid", "expected"),
+    ],
+)
+def test_eval_of_broken_candidates(tmp_path: Path, source: str, status: str, words: str) -> None:
+    if status == "timeout":
+        folder = tmp_path / "quick"
+        folder.mkdir()
+        (folder / "problem.py").write_text(
+            "from problems.circle_packing import CirclePacking\n"
+            "class Quick(CirclePacking):\n    time_limit = 1.0\n"
+            "problem = Quick()\n"
+        )
+        problem = str(folder)
+    else:
+        problem = "circle_packing"
+    program = tmp_path / "candidate.py"
+    program.write_text(source)
+    result = vpo("eval", problem, str(program), "--json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == status
+    assert words in report["reason"]
+    assert "\n" not in report["reason"]
+
+
+def test_eval_on_a_folder_problem(tmp_path: Path) -> None:
+    folder = tmp_path / "myproblem"
+    folder.mkdir()
+    (folder / "problem.py").write_text(
+        "from problems.api import Infeasible, Objective, Problem\n"
+        "class Three(Problem):\n"
+        "    name = 'three'\n"
+        "    description = 'Return 3.'\n"
+        "    seed_program = 'def answer():\\n    return 1.0\\n'\n"
+        "    entry = 'answer'\n"
+        "    objectives = (Objective('closeness', 'max', 1.0, 'by definition'),)\n"
+        "    def score(self, call, value):\n"
+        "        if not isinstance(value, float):\n"
+        "            raise Infeasible('not a float')\n"
+        "        return {'closeness': 1.0 / (1.0 + abs(value - 3.0))}\n"
+        "problem = Three()\n"
+    )
+    program = tmp_path / "answer.py"
+    program.write_text("def answer():\n    return 2.0\n")
+    result = vpo("eval", str(folder), str(program), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["scores"] == {"closeness": 0.5}
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (("eval", "circle_packing", "/no/such/file.py"), "no such file"),
+        (("eval", "nope", "x.py"), "unknown problem 'nope'"),
+        (("eval", "./no_such_folder", "x.py"), "no problem.py"),
+        (("eval", "circle_packing", "x.py", "--workers", "0"), "positive whole number"),
+        (("eval",), "the following arguments are required"),
+        (("frobnicate",), "invalid choice"),
+        (("run", "circle_packing", "--seed", "abc"), "invalid int value"),
+    ],
+)
+def test_usage_errors_are_one_line(args: tuple[str, ...], words: str) -> None:
+    assert_one_line_error(vpo(*args), words)
+
+
+def test_eval_of_a_binary_file(tmp_path: Path) -> None:
+    program = tmp_path / "binary.py"
+    program.write_bytes(b"\xff\xfe\x00garbage")
+    assert_one_line_error(vpo("eval", "circle_packing", str(program)), "not UTF-8")
+
+
+def test_problems_json_lists_objectives_with_sources() -> None:
+    result = vpo("problems", "--json")
+    assert result.returncode == 0
+    problems = {p["name"]: p for p in json.loads(result.stdout)}
+    objectives = {o["name"]: o for o in problems["circle_packing"]["objectives"]}
+    assert objectives["n26"]["best_known"] == 2.63598308
+    assert objectives["n32"]["best_known"] == 2.9379445
+    assert "2506.13131" in objectives["n32"]["source"]
+    assert {a["value"] for a in objectives["n26"]["anchors"]} >= {2.6358628, 2.63598308}
+
+
+def test_run_stores_the_seed_once_and_resumes(tmp_path: Path) -> None:
+    from harness.store import Store
+
+    db = tmp_path / "campaign.db"
+    first = vpo("run", "circle_packing", "--db", str(db))
+    assert first.returncode == 0, first.stderr
+    assert "created" in first.stdout and "n32" in first.stdout
+    second = vpo("run", "circle_packing", "--db", str(db))
+    assert second.returncode == 0, second.stderr
+    assert "resumed" in second.stdout
+    store = Store.open(str(db))
+    campaign = store.get_campaign("circle_packing")
+    assert campaign is not None
+    programs = store.programs(campaign.id)
+    assert [p.origin for p in programs] == ["seed"]
+    assert programs[0].status == "ok"
+    assert programs[0].scores["n26"] == pytest.approx(26 / 12 * (1 - 1e-12) / 2.63598308)
