@@ -436,22 +436,8 @@ class Zygote:
         every import the zygote did not preload. The private directory is covered with a tmpfs
         that holds bind mounts of just the interpreter's folders; its other files stay hidden.
         """
-        needed = [
-            sys.prefix,
-            sys.exec_prefix,
-            sys.base_prefix,
-            sys.base_exec_prefix,
-            os.path.dirname(os.path.realpath(sys.executable)),
-            *sys.path,
-        ]
-        folders = sorted({os.path.realpath(path) for path in needed if os.path.isdir(path)})
-        folders = [
-            path
-            for i, path in enumerate(folders)
-            if not any(path.startswith(outer + "/") for outer in folders[:i])
-        ]
         hidden: dict[str, list[str]] = {}
-        for folder in folders:
+        for folder in _python_folders():
             blocker = _first_untraversable(folder, self.uid)
             if blocker is not None:
                 hidden.setdefault(blocker, []).append(folder)
@@ -659,6 +645,28 @@ def _mount_points() -> list[tuple[str, set[str]]]:
     return list(seen.items())
 
 
+def _python_folders() -> list[str]:
+    """The outermost folders the interpreter imports from (prefixes and sys.path)."""
+    needed = [
+        sys.prefix,
+        sys.exec_prefix,
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *sys.path,
+    ]
+    folders = sorted({os.path.realpath(path) for path in needed if os.path.isdir(path)})
+    return [
+        path
+        for i, path in enumerate(folders)
+        if not any(path.startswith(outer + "/") for outer in folders[:i])
+    ]
+
+
+def _under_private_tmp(path: str) -> bool:
+    return any(path == top or path.startswith(top + "/") for top in ("/tmp", *_TMPFS_LAYOUT))
+
+
 def _first_untraversable(path: str, uid: int | None) -> str | None:
     parts = path.strip("/").split("/")
     for depth in range(1, len(parts) + 1):
@@ -821,6 +829,13 @@ class Candidate:
         except OSError:
             unshare(CLONE_NEWNS)
         size = max(64, 4 * self.limits["file_mb"])
+        # A virtual environment or checkout under /tmp (a CI clone, say) would vanish under the
+        # private tmpfs and break every import numpy did not do at preload: keep a handle on
+        # each such folder now and bind it back, read-only, once the tmpfs is in place.
+        python_under_tmp = [path for path in _python_folders() if _under_private_tmp(path)]
+        handles = [
+            os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in python_under_tmp
+        ]
         _mount(
             "tmpfs",
             "/tmp",
@@ -834,6 +849,15 @@ class Candidate:
                 os.mkdir(source, 0o1777)
                 os.chmod(source, 0o1777)
                 _mount(source, target, None, MS_BIND)
+        for path, handle in zip(python_under_tmp, handles, strict=True):
+            try:
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                _mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC)
+                _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+            except OSError as exc:
+                self.warnings.append(f"the candidate may not import from {path}: {exc.strerror}")
+            finally:
+                os.close(handle)
         if os.path.isdir("/run"):  # sockets of system daemons (dbus, docker, ...) live there
             _mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=755")
         os.mkdir(WORKDIR, 0o700)
