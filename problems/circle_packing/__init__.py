@@ -32,8 +32,8 @@ Write a Python function
 
 that returns `centers`, an array of shape (n, 2), and `radii`, an array of shape (n,). It is
 called with n = 26 and with n = 32, each call in its own process with a time limit of {limit:g}
-seconds; numpy and scipy are available (import what you use). The function may search or optimise, but
-only what it returns counts.
+seconds; numpy and scipy are available (import what you use). The function may search or
+optimise, but only what it returns counts.
 
 The check is exact, with no tolerance: every radius is finite and >= 0; for every circle
 r <= x <= 1 - r and r <= y <= 1 - r; for every pair of circles the distance between centres is
