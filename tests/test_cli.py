@@ -185,3 +185,11 @@ def test_run_stores_the_seed_once_and_resumes(tmp_path: Path) -> None:
     assert [p.origin for p in programs] == ["seed"]
     assert programs[0].status == "ok"
     assert programs[0].scores["n26"] == pytest.approx(26 / 12 * (1 - 1e-12) / 2.63598308)
+
+
+def test_shipped_example_scores_the_published_sums() -> None:
+    example = Path(__file__).parents[1] / "examples" / "circle_packing_alphaevolve.py"
+    result = vpo("eval", "circle_packing", str(example), "--json")
+    assert result.returncode == 0, result.stderr
+    raw = json.loads(result.stdout)["raw"]
+    assert (round(raw["n26"], 10), round(raw["n32"], 10)) == (2.6358627564, 2.9379445262)
