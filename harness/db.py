@@ -9,7 +9,6 @@ column types: JSON, Text, Float, Integer and timestamps stored in UTC.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -36,19 +35,6 @@ SCHEMA_VERSION = 1
 CAMPAIGN_STATUSES = ("running", "finished", "failed", "stopped")
 PROGRAM_STATUSES = ("ok", "invalid", "error", "timeout")
 PROGRAM_ORIGINS = ("seed", "llm", "migration")
-
-
-def code_hash(code: str) -> str:
-    """sha256 of the code with trailing whitespace and blank lines removed.
-
-    Two candidates that differ only in layout noise an LLM adds (trailing spaces, extra blank
-    lines, CRLF endings) hash alike, so they are evaluated once. Anything else, comments
-    included, counts as a different program: stripping more would need a parser and could merge
-    programs that behave differently.
-    """
-    lines = (line.rstrip() for line in code.splitlines())
-    normalised = "\n".join(line for line in lines if line)
-    return hashlib.sha256(normalised.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def dumps_json(value: Any) -> str:

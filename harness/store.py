@@ -14,10 +14,8 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -39,11 +37,11 @@ from harness.db import (
     Meta,
     Program,
     Score,
-    code_hash,
     create_tables,
     dumps_json,
 )
 from harness.errors import SchemaError, UserError
+from harness.records import CampaignRecord, Counts, EventRecord, ProgramRecord, code_hash
 
 # Seconds a SQLite writer waits for another writer before giving up, and a PostgreSQL client
 # waits for the server to answer: long enough for a busy campaign, short enough not to look hung.
@@ -52,63 +50,6 @@ POSTGRES_CONNECT_TIMEOUT_S = 5
 
 # Any fixed number: serialises concurrent `Store.open` calls that would create the tables.
 _POSTGRES_CREATE_LOCK = 0x7670_6F65
-
-
-@dataclass(frozen=True)
-class CampaignRecord:
-    id: int
-    name: str
-    problem: str
-    config: dict[str, Any]
-    seed: int
-    created_at: datetime
-    status: str
-
-
-@dataclass(frozen=True)
-class ProgramRecord:
-    id: int
-    campaign_id: int
-    code: str
-    code_hash: str
-    parent_id: int | None
-    island: int
-    generation: int
-    origin: str
-    status: str
-    error: str | None
-    eval_seconds: float
-    trajectory_id: int | None
-    candidate_index: int | None
-    metrics: dict[str, Any]
-    created_at: datetime
-    scores: dict[str, float]  # objective -> value in [0,1], higher is better
-    raw: dict[str, float | None]  # objective -> unnormalised value, None where there is none
-
-    def vector(self, objectives: Sequence[str]) -> tuple[float, ...]:
-        """The score vector r(s) in the given objective order."""
-        return tuple(self.scores[objective] for objective in objectives)
-
-
-@dataclass(frozen=True)
-class EventRecord:
-    id: int
-    campaign_id: int
-    kind: str
-    payload: dict[str, Any]
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Counts:
-    """What a campaign holds, computed by aggregate queries each time it is asked."""
-
-    programs: dict[str, int]  # status -> count, every status present
-    events: dict[str, int]  # kind -> count, only kinds that occurred
-
-    @property
-    def total_programs(self) -> int:
-        return sum(self.programs.values())
 
 
 class Store:

@@ -35,9 +35,9 @@ from harness.db import (
     RolloutGroup,
     Score,
     Trajectory,
-    code_hash,
 )
 from harness.errors import SchemaError, UserError
+from harness.records import code_hash
 from harness.store import Store
 
 SEED_CODE = "def construct():\n    return [0.5, 0.5, 0.1]\n"

@@ -1,0 +1,83 @@
+"""Plain records of what the database holds, and the code hash that identifies a program.
+
+Pure modules (selection, prompts, parsing) take and return these; only `store` makes them from
+database rows, so nothing here imports SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+
+def code_hash(code: str) -> str:
+    """sha256 of the code with trailing whitespace and blank lines removed.
+
+    Two candidates that differ only in layout noise an LLM adds (trailing spaces, extra blank
+    lines, CRLF endings) hash alike, so they are evaluated once. Anything else, comments
+    included, counts as a different program: stripping more would need a parser and could merge
+    programs that behave differently.
+    """
+    lines = (line.rstrip() for line in code.splitlines())
+    normalised = "\n".join(line for line in lines if line)
+    return hashlib.sha256(normalised.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class CampaignRecord:
+    id: int
+    name: str
+    problem: str
+    config: dict[str, Any]
+    seed: int
+    created_at: datetime
+    status: str
+
+
+@dataclass(frozen=True)
+class ProgramRecord:
+    id: int
+    campaign_id: int
+    code: str
+    code_hash: str
+    parent_id: int | None
+    island: int
+    generation: int
+    origin: str
+    status: str
+    error: str | None
+    eval_seconds: float
+    trajectory_id: int | None
+    candidate_index: int | None
+    metrics: dict[str, Any]
+    created_at: datetime
+    scores: dict[str, float]  # objective -> value in [0,1], higher is better
+    raw: dict[str, float | None]  # objective -> unnormalised value, None where there is none
+
+    def vector(self, objectives: Sequence[str]) -> tuple[float, ...]:
+        """The score vector r(s) in the given objective order."""
+        return tuple(self.scores[objective] for objective in objectives)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    id: int
+    campaign_id: int
+    kind: str
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a campaign holds, computed by aggregate queries each time it is asked."""
+
+    programs: dict[str, int]  # status -> count, every status present
+    events: dict[str, int]  # kind -> count, only kinds that occurred
+
+    @property
+    def total_programs(self) -> int:
+        return sum(self.programs.values())
