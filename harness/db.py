@@ -198,13 +198,25 @@ class Score(Base):
 
 
 class RolloutGroup(Base):
-    """G rollouts generated for one prompt (`group` is a reserved word in SQL)."""
+    """G rollouts generated for one prompt (`group` is a reserved word in SQL).
+
+    `iteration` is unique within a campaign: a resumed or concurrent run can never record the
+    same iteration twice, and the number of iterations done is the number of groups.
+    """
 
     __tablename__ = "rollout_group"
-    __table_args__ = (Index(None, "campaign_id", "train_step"),)
+    __table_args__ = (
+        Index(None, "campaign_id", "train_step"),
+        UniqueConstraint("campaign_id", "iteration"),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     campaign_id: Mapped[int] = mapped_column(ForeignKey("campaign.id", ondelete="CASCADE"))
+    iteration: Mapped[int]
+    island: Mapped[int] = mapped_column(default=0)
+    # The chat messages the G rollouts answered, and their tokens where the backend gave them.
+    prompt: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
+    prompt_token_ids: Mapped[list[int] | None] = mapped_column(NullableJSON)
     parent_program_id: Mapped[int | None] = mapped_column(
         ForeignKey("program.id", ondelete="CASCADE"), index=True
     )
@@ -239,9 +251,11 @@ class Trajectory(Base):
     group_id: Mapped[int] = mapped_column(
         ForeignKey("rollout_group.id", ondelete="CASCADE"), index=True
     )
-    prompt: Mapped[str]
+    position: Mapped[int] = mapped_column(default=0)  # 0..G-1 within the group
     completion: Mapped[str]
     token_ids: Mapped[list[int]] = mapped_column(JSON)
+    num_tokens: Mapped[int] = mapped_column(default=0)  # len(token_ids), for aggregate queries
+    finish_reason: Mapped[str] = mapped_column(String(16), default="stop")
     # Sampling log-probs, where the backend gives them; NULL otherwise.
     logprobs: Mapped[list[float] | None] = mapped_column(NullableJSON)
     policy_version_id: Mapped[int | None] = mapped_column(
@@ -249,6 +263,10 @@ class Trajectory(Base):
     )
     parse_status: Mapped[str] = mapped_column(String(32))
     parse_error: Mapped[str | None]
+    # One entry per candidate slot 1..m: {"index", "outcome": new | duplicate | unparsed,
+    # "program_id" (the evaluated program, also for a duplicate), "reason"}. The reward matrix
+    # (m x d) of the rollout is read through these program ids; unparsed slots score zeros.
+    candidates: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 

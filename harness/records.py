@@ -7,8 +7,8 @@ database rows, so nothing here imports SQLAlchemy.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -81,3 +81,59 @@ class Counts:
     @property
     def total_programs(self) -> int:
         return sum(self.programs.values())
+
+
+@dataclass(frozen=True)
+class NewProgram:
+    """An evaluated candidate to store; its parent, island and generation come from its group."""
+
+    code: str
+    status: str
+    scores: Mapping[str, float]
+    raw: Mapping[str, float | None]
+    error: str | None = None
+    eval_seconds: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CandidateRecord:
+    """What became of candidate slot `index` (1..m) of one rollout.
+
+    `new`: evaluated now, stored as `program`; `duplicate`: its normalised code was evaluated
+    before (in this iteration or earlier), found by `code_hash`; `unparsed`: nothing to run,
+    `reason` says why. Unparsed candidates score zeros.
+    """
+
+    index: int
+    outcome: str
+    program: NewProgram | None = None
+    code_hash: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """One completion of a group with what its candidates became."""
+
+    completion: str
+    token_ids: Sequence[int]
+    logprobs: Sequence[float] | None
+    finish_reason: str
+    parse_status: str  # "ok": every slot parsed, "partial", "none"
+    parse_error: str | None
+    candidates: Sequence[CandidateRecord]
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `vpo status` shows; every number is an aggregate query, none is stored."""
+
+    programs: int
+    valid_programs: int
+    evaluations: int
+    groups: int
+    trajectories: int
+    policy_versions: int
+    tokens: int
+    best: dict[str, dict[str, Any]]  # objective -> {"score", "raw", "program_id"}

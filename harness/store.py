@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 from sqlalchemy import Engine, Select, create_engine, event, func, inspect, select, text, update
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
@@ -34,14 +35,27 @@ from harness.db import (
     Base,
     Campaign,
     Event,
+    GroupDraft,
     Meta,
+    PolicyVersion,
     Program,
+    RolloutGroup,
     Score,
+    Trajectory,
     create_tables,
     dumps_json,
 )
 from harness.errors import SchemaError, UserError
-from harness.records import CampaignRecord, Counts, EventRecord, ProgramRecord, code_hash
+from harness.records import (
+    CampaignRecord,
+    Counts,
+    EventRecord,
+    NewProgram,
+    ProgramRecord,
+    RolloutRecord,
+    Summary,
+    code_hash,
+)
 
 # Seconds a SQLite writer waits for another writer before giving up, and a PostgreSQL client
 # waits for the server to answer: long enough for a busy campaign, short enough not to look hung.
@@ -186,44 +200,257 @@ class Store:
             # Error text is for people (often a stderr tail); keep a visible marker instead.
             error = error.replace("\x00", "\\x00")
         with self._writing() as session:
-            program = Program(
-                campaign_id=campaign_id,
-                code=code,
-                code_hash=code_hash(code),
+            program = _insert_program(
+                session,
+                campaign_id,
+                code,
+                status=status,
+                scores=scores,
+                raw=raw,
+                error=error,
                 parent_id=parent_id,
                 island=island,
                 generation=generation,
                 origin=origin,
-                status=status,
-                error=error,
                 eval_seconds=eval_seconds,
+                metrics=metrics,
                 trajectory_id=trajectory_id,
                 candidate_index=candidate_index,
-                metrics={} if metrics is None else metrics,
-                scores=[
-                    Score(
-                        objective=objective,
-                        value=float(value),
-                        raw=_float_or_none(raw.get(objective)),
-                    )
-                    for objective, value in scores.items()
-                ],
-            )
-            session.add(program)
-            session.flush()
-            session.add(
-                Event(
-                    campaign_id=campaign_id,
-                    kind="program_added",
-                    payload={
-                        "program_id": program.id,
-                        "status": status,
-                        "origin": origin,
-                        "island": island,
-                    },
-                )
             )
             return program.id
+
+    # Iterations: a group, its rollouts, their new programs and migrations, in one transaction
+
+    def record_iteration(
+        self,
+        campaign_id: int,
+        *,
+        iteration: int,
+        island: int,
+        parent_id: int,
+        draft_ids: Sequence[int],
+        prompt: list[dict[str, str]],
+        prompt_token_ids: Sequence[int] | None,
+        rollouts: Sequence[RolloutRecord],
+        policy_version_id: int | None = None,
+        migrations: Sequence[tuple[int, int]] = (),
+    ) -> int:
+        """Store one iteration atomically and return its group id.
+
+        A second attempt at the same iteration (a resumed run racing a stale one) fails on the
+        unique (campaign, iteration) key and raises UserError; nothing of it is written.
+        """
+        for rollout in rollouts:
+            for candidate in rollout.candidates:
+                _check_choice("candidate outcome", candidate.outcome, CANDIDATE_OUTCOMES)
+                if candidate.program is not None:
+                    _check_new_program(candidate.program)
+        try:
+            with self._writing() as session:
+                parent = session.get(Program, parent_id)
+                if parent is None or parent.campaign_id != campaign_id:
+                    raise ValueError(f"parent program {parent_id} is not in campaign {campaign_id}")
+                group = RolloutGroup(
+                    campaign_id=campaign_id,
+                    iteration=iteration,
+                    island=island,
+                    parent_program_id=parent_id,
+                    prompt=prompt,
+                    prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
+                    policy_version_id=policy_version_id,
+                )
+                session.add(group)
+                session.flush()
+                session.add_all(
+                    GroupDraft(group_id=group.id, position=i, program_id=draft_id)
+                    for i, draft_id in enumerate(draft_ids)
+                )
+                known: dict[str, int] = {}  # code hash -> program id, for this iteration
+                for position, rollout in enumerate(rollouts):
+                    trajectory = Trajectory(
+                        group_id=group.id,
+                        position=position,
+                        completion=rollout.completion.replace("\x00", "\ufffd"),
+                        token_ids=list(rollout.token_ids),
+                        num_tokens=len(rollout.token_ids),
+                        logprobs=None if rollout.logprobs is None else list(rollout.logprobs),
+                        finish_reason=rollout.finish_reason,
+                        policy_version_id=policy_version_id,
+                        parse_status=rollout.parse_status,
+                        parse_error=rollout.parse_error,
+                    )
+                    session.add(trajectory)
+                    session.flush()
+                    entries = []
+                    for candidate in rollout.candidates:
+                        program_id = None
+                        if candidate.program is not None:
+                            new = candidate.program
+                            program_id = _insert_program(
+                                session,
+                                campaign_id,
+                                new.code,
+                                status=new.status,
+                                scores=new.scores,
+                                raw=new.raw,
+                                error=new.error,
+                                parent_id=parent_id,
+                                island=island,
+                                generation=parent.generation + 1,
+                                origin="llm",
+                                eval_seconds=new.eval_seconds,
+                                metrics=new.metrics,
+                                trajectory_id=trajectory.id,
+                                candidate_index=candidate.index,
+                                log=False,
+                            ).id
+                            known[code_hash(new.code)] = program_id
+                        elif candidate.code_hash is not None:
+                            program_id = known.get(candidate.code_hash) or session.scalar(
+                                select(func.min(Program.id)).where(
+                                    Program.campaign_id == campaign_id,
+                                    Program.code_hash == candidate.code_hash,
+                                )
+                            )
+                        entries.append(
+                            {
+                                "index": candidate.index,
+                                "outcome": candidate.outcome,
+                                "program_id": program_id,
+                                "reason": candidate.reason,
+                            }
+                        )
+                    trajectory.candidates = entries
+                for program_id, destination in migrations:
+                    _copy_program(session, campaign_id, program_id, destination)
+                session.add(
+                    Event(
+                        campaign_id=campaign_id,
+                        kind="group_recorded",
+                        payload={"group_id": group.id, "iteration": iteration, "island": island},
+                    )
+                )
+                return group.id
+        except IntegrityError:
+            with self._reading() as session:
+                taken = session.scalar(
+                    select(func.count()).where(
+                        RolloutGroup.campaign_id == campaign_id,
+                        RolloutGroup.iteration == iteration,
+                    )
+                )
+            if taken:
+                raise UserError(
+                    f"iteration {iteration} of campaign {campaign_id} is already recorded; "
+                    "is another process running this campaign?"
+                ) from None
+            raise
+
+    def iterations_done(self, campaign_id: int) -> int:
+        with self._reading() as session:
+            return (
+                session.scalar(select(func.count()).where(RolloutGroup.campaign_id == campaign_id))
+                or 0
+            )
+
+    def program_vectors(
+        self, campaign_id: int, objectives: Sequence[str], after_id: int = 0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, islands, valid, scores[N, d]) of the programs with id > after_id, by id.
+
+        Selection works on these arrays; two narrow queries, no code text, so a campaign with
+        100k programs loads in well under a second and refreshes incrementally.
+        """
+        with self._reading() as session:
+            rows = session.execute(
+                select(Program.id, Program.island, Program.status)
+                .where(Program.campaign_id == campaign_id, Program.id > after_id)
+                .order_by(Program.id)
+            ).all()
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            islands = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+            valid = np.fromiter((r[2] == "ok" for r in rows), dtype=bool, count=len(rows))
+            scores = np.zeros((len(rows), len(objectives)))
+            if rows:
+                column = {name: j for j, name in enumerate(objectives)}
+                position = {int(pid): i for i, pid in enumerate(ids)}
+                for program_id, objective, value in session.execute(
+                    select(Score.program_id, Score.objective, Score.value)
+                    .join(Program, Program.id == Score.program_id)
+                    .where(Program.campaign_id == campaign_id, Program.id > after_id)
+                ):
+                    j = column.get(objective)
+                    if j is not None:
+                        scores[position[program_id], j] = value
+        return ids, islands, valid, scores
+
+    def code_hashes(self, campaign_id: int) -> dict[str, int]:
+        """Normalised-code hash -> the first program with it: what was evaluated already."""
+        with self._reading() as session:
+            rows = session.execute(
+                select(Program.code_hash, func.min(Program.id))
+                .where(Program.campaign_id == campaign_id)
+                .group_by(Program.code_hash)
+            )
+            return {code: program_id for code, program_id in rows}
+
+    def summary(self, campaign_id: int) -> Summary:
+        with self._reading() as session:
+            statuses = dict(
+                session.execute(
+                    select(Program.status, func.count())
+                    .where(Program.campaign_id == campaign_id)
+                    .group_by(Program.status)
+                ).all()
+            )
+            evaluations = session.scalar(
+                select(func.count()).where(
+                    Program.campaign_id == campaign_id, Program.origin != "migration"
+                )
+            )
+            groups = session.scalar(
+                select(func.count()).where(RolloutGroup.campaign_id == campaign_id)
+            )
+            trajectories, tokens = session.execute(
+                select(func.count(), func.coalesce(func.sum(Trajectory.num_tokens), 0))
+                .join(RolloutGroup, RolloutGroup.id == Trajectory.group_id)
+                .where(RolloutGroup.campaign_id == campaign_id)
+            ).one()
+            versions = session.scalar(
+                select(func.count()).where(PolicyVersion.campaign_id == campaign_id)
+            )
+            best_value = (
+                select(Score.objective, func.max(Score.value).label("value"))
+                .join(Program, Program.id == Score.program_id)
+                .where(Program.campaign_id == campaign_id, Program.status == "ok")
+                .group_by(Score.objective)
+                .subquery()
+            )
+            best: dict[str, dict[str, Any]] = {}
+            for objective, value, raw, program_id in session.execute(
+                select(Score.objective, Score.value, Score.raw, func.min(Program.id))
+                .join(Program, Program.id == Score.program_id)
+                .join(
+                    best_value,
+                    (best_value.c.objective == Score.objective)
+                    & (best_value.c.value == Score.value),
+                )
+                .where(Program.campaign_id == campaign_id, Program.status == "ok")
+                .group_by(Score.objective, Score.value, Score.raw)
+                .order_by(Score.objective)
+            ):
+                if objective not in best:
+                    best[objective] = {"score": value, "raw": raw, "program_id": program_id}
+        return Summary(
+            programs=sum(statuses.values()),
+            valid_programs=statuses.get("ok", 0),
+            evaluations=evaluations or 0,
+            groups=groups or 0,
+            trajectories=trajectories or 0,
+            policy_versions=versions or 0,
+            tokens=int(tokens or 0),
+            best=best,
+        )
 
     def program(self, program_id: int) -> ProgramRecord | None:
         with self._reading() as session:
@@ -288,6 +515,99 @@ class Store:
             programs = dict.fromkeys(PROGRAM_STATUSES, 0)
             programs.update({status: count for status, count in by_status})
             return Counts(programs=programs, events={kind: count for kind, count in by_kind})
+
+
+CANDIDATE_OUTCOMES = ("new", "duplicate", "unparsed")
+
+
+def _check_new_program(program: NewProgram) -> None:
+    _check_choice("program status", program.status, PROGRAM_STATUSES)
+    _check_scores(program.scores, program.raw)
+    if "\x00" in program.code:
+        raise ValueError("program code contains a NUL character; treat it as invalid output")
+
+
+def _insert_program(
+    session: Session,
+    campaign_id: int,
+    code: str,
+    *,
+    status: str,
+    scores: Mapping[str, float],
+    raw: Mapping[str, float | None],
+    error: str | None,
+    parent_id: int | None,
+    island: int,
+    generation: int,
+    origin: str,
+    eval_seconds: float,
+    metrics: dict[str, Any] | None,
+    trajectory_id: int | None,
+    candidate_index: int | None,
+    log: bool = True,
+) -> Program:
+    if error is not None:
+        # Error text is for people (often a stderr tail); keep a visible marker instead.
+        error = error.replace("\x00", "\\x00")
+    program = Program(
+        campaign_id=campaign_id,
+        code=code,
+        code_hash=code_hash(code),
+        parent_id=parent_id,
+        island=island,
+        generation=generation,
+        origin=origin,
+        status=status,
+        error=error,
+        eval_seconds=eval_seconds,
+        trajectory_id=trajectory_id,
+        candidate_index=candidate_index,
+        metrics={} if metrics is None else metrics,
+        scores=[
+            Score(objective=objective, value=float(value), raw=_float_or_none(raw.get(objective)))
+            for objective, value in scores.items()
+        ],
+    )
+    session.add(program)
+    session.flush()
+    if log:
+        session.add(
+            Event(
+                campaign_id=campaign_id,
+                kind="program_added",
+                payload={
+                    "program_id": program.id,
+                    "status": status,
+                    "origin": origin,
+                    "island": island,
+                },
+            )
+        )
+    return program
+
+
+def _copy_program(session: Session, campaign_id: int, program_id: int, island: int) -> Program:
+    """A migrant: the same code and scores on another island, its source as parent."""
+    source = session.get(Program, program_id, options=[selectinload(Program.scores)])
+    if source is None or source.campaign_id != campaign_id:
+        raise ValueError(f"program {program_id} is not in campaign {campaign_id}")
+    return _insert_program(
+        session,
+        campaign_id,
+        source.code,
+        status=source.status,
+        scores={s.objective: s.value for s in source.scores},
+        raw={s.objective: s.raw for s in source.scores},
+        error=source.error,
+        parent_id=source.id,
+        island=island,
+        generation=source.generation,
+        origin="migration",
+        eval_seconds=0.0,
+        metrics=source.metrics,
+        trajectory_id=None,
+        candidate_index=None,
+    )
 
 
 def _campaign_record(campaign: Campaign) -> CampaignRecord:

@@ -90,14 +90,17 @@ def populate(store: Store) -> dict[str, Any]:
         session.add(version)
         session.flush()
         group = RolloutGroup(
-            campaign_id=campaign_id, parent_program_id=seed_id, policy_version_id=version.id
+            campaign_id=campaign_id,
+            iteration=0,
+            parent_program_id=seed_id,
+            policy_version_id=version.id,
+            prompt=[{"role": "user", "content": "Improve the packing."}],
         )
         session.add(group)
         session.flush()
         session.add(GroupDraft(group_id=group.id, position=0, program_id=seed_id))
         trajectory = Trajectory(
             group_id=group.id,
-            prompt="Improve the packing.",
             completion="<candidate_1>...</candidate_1>",
             token_ids=[1, 2, 3],
             logprobs=[-0.5, -1.25, -0.125],
@@ -395,7 +398,6 @@ def test_missing_logprobs_are_sql_null(store: Store) -> None:
         session.add(
             Trajectory(
                 group_id=ids["group"],
-                prompt="p",
                 completion="c",
                 token_ids=[],
                 logprobs=None,

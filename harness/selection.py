@@ -1,0 +1,419 @@
+"""Which program to improve next, which drafts to show beside it, and which programs migrate.
+
+Selection works on `Population`, a columnar, append-only index of the campaign (ids, islands,
+score vectors, validity, code hashes), never on full records: with 100k programs a pick must cost
+well under a millisecond or two, so every step over the population is one numpy operation.
+
+Parents are drawn by stochastic scalarisation, the same device VPO trains with:
+
+    w ~ Dirichlet(1_d)            a fresh weighting of the objectives for every pick
+    u = scores @ w                (N,) each program's value under w
+    parent ~ softmax(u / T) over the top_k programs by u
+
+A fixed combined score would pull every island toward one point of the Pareto front; a random w
+lands on a different part of the front each time, so parents spread over all of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.records import ProgramRecord
+
+# A program beats another under w only by more than this: float noise in `scores @ w` must not
+# turn exact ties (copies, equal vectors) into "complementary strengths".
+BEAT_MARGIN = 1e-12
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """How the campaign picks parents, drafts and migrants.
+
+    `top_k` programs best under the drawn w compete for parenthood, weighted by
+    exp(u / temperature); temperature 0 takes the best. Scores live in [0, 1], so the default
+    0.02 makes a program 0.05 below the best under w about 12 times less likely to be picked.
+    `migration_interval` 0 turns migration off.
+    """
+
+    islands: int = 4
+    migration_interval: int = 50  # iterations between migrations
+    migrants_per_island: int = 1
+    top_k: int = 8
+    temperature: float = 0.02
+    drafts: int = 3  # programs shown beside the parent
+
+    def __post_init__(self) -> None:
+        _at_least("islands", self.islands, 1)
+        _at_least("migration_interval", self.migration_interval, 0)
+        _at_least("migrants_per_island", self.migrants_per_island, 0)
+        _at_least("top_k", self.top_k, 1)
+        if (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
+            raise ValueError(
+                f"SelectionConfig.temperature must be a finite number >= 0, "
+                f"got {self.temperature!r}"
+            )
+        _at_least("drafts", self.drafts, 0)
+        if self.drafts > 4:
+            raise ValueError(
+                f"SelectionConfig.drafts must be at most 4 (small models have small contexts), "
+                f"got {self.drafts}"
+            )
+
+
+def _at_least(field: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"SelectionConfig.{field} must be an integer >= {low}, got {value!r}")
+
+
+class Population:
+    """Append-only columnar index of a campaign's programs, in the objective order given.
+
+    Columns grow by capacity doubling, so appending is amortised O(1). The array properties
+    are views of the first `len(self)` rows; an `append` may move the storage, so do not hold
+    them across one.
+    """
+
+    def __init__(self, objectives: Sequence[str], capacity: int = 1024) -> None:
+        self.objectives = tuple(objectives)
+        if not self.objectives:
+            raise ValueError("a population needs at least one objective")
+        capacity = max(1, capacity)
+        self._n = 0
+        self._ids = np.empty(capacity, dtype=np.int64)
+        self._islands = np.empty(capacity, dtype=np.int32)
+        self._scores = np.empty((capacity, len(self.objectives)), dtype=np.float64)
+        self._valid = np.empty(capacity, dtype=bool)
+        self._row_of: dict[int, int] = {}
+        # code hash -> bit mask of the islands holding that code; duplicates and migrations
+        # ask "is this code already there?" without a scan.
+        self._code_islands: dict[str, int] = {}
+        self._hashes: list[str] = []  # by row, for migration's "already there?" check
+
+    @classmethod
+    def from_records(
+        cls, objectives: Sequence[str], records: Iterable[ProgramRecord]
+    ) -> Population:
+        records = list(records)
+        population = cls(objectives, capacity=len(records) + 1024)
+        for record in records:
+            population.add(record)
+        return population
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, program_id: object) -> bool:
+        return program_id in self._row_of
+
+    @property
+    def ids(self) -> np.ndarray:  # (N,) int64
+        return self._ids[: self._n]
+
+    @property
+    def islands(self) -> np.ndarray:  # (N,) int32
+        return self._islands[: self._n]
+
+    @property
+    def scores(self) -> np.ndarray:  # (N, d) float64 in [0, 1]
+        return self._scores[: self._n]
+
+    @property
+    def valid(self) -> np.ndarray:  # (N,) bool, status == "ok"
+        return self._valid[: self._n]
+
+    def row(self, program_id: int) -> int:
+        try:
+            return self._row_of[program_id]
+        except KeyError:
+            raise KeyError(f"program {program_id} is not in the population") from None
+
+    def code_hash(self, row: int) -> str:
+        return self._hashes[row]
+
+    def has_code(self, code_hash: str, island: int | None = None) -> bool:
+        """Whether a program with this code hash is indexed (on `island`, when given)."""
+        mask = self._code_islands.get(code_hash, 0)
+        return bool(mask) if island is None else bool(mask >> island & 1)
+
+    def add(self, record: ProgramRecord) -> None:
+        self.append(
+            record.id,
+            record.island,
+            [record.scores.get(name, 0.0) for name in self.objectives],
+            valid=record.status == "ok",
+            code_hash=record.code_hash,
+        )
+
+    def append(
+        self,
+        program_id: int,
+        island: int,
+        scores: Sequence[float] | np.ndarray,
+        *,
+        valid: bool,
+        code_hash: str,
+    ) -> None:
+        if program_id in self._row_of:
+            raise ValueError(f"program {program_id} is already in the population")
+        if island < 0:
+            raise ValueError(f"program {program_id}: island must be >= 0, got {island}")
+        vector = np.asarray(scores, dtype=np.float64)
+        if vector.shape != (len(self.objectives),):
+            raise ValueError(
+                f"program {program_id}: expected {len(self.objectives)} scores "
+                f"({', '.join(self.objectives)}), got shape {vector.shape}"
+            )
+        if self._n == len(self._ids):
+            self._grow()
+        n = self._n
+        self._ids[n] = program_id
+        self._islands[n] = island
+        # A NaN would poison every comparison in argpartition; a failed part scores 0 anyway.
+        self._scores[n] = np.nan_to_num(vector, nan=0.0, posinf=0.0, neginf=0.0)
+        self._valid[n] = valid
+        self._row_of[program_id] = n
+        self._code_islands[code_hash] = self._code_islands.get(code_hash, 0) | (1 << island)
+        self._hashes.append(code_hash)
+        self._n = n + 1
+
+    def _grow(self) -> None:
+        capacity = 2 * len(self._ids)
+        self._ids = _resized(self._ids, capacity)
+        self._islands = _resized(self._islands, capacity)
+        self._scores = _resized(self._scores, capacity)
+        self._valid = _resized(self._valid, capacity)
+
+
+def _resized(array: np.ndarray, capacity: int) -> np.ndarray:
+    grown = np.empty((capacity, *array.shape[1:]), dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one iteration works from: the child belongs to `island`."""
+
+    island: int
+    parent_id: int
+    draft_ids: tuple[int, ...]
+
+
+def select(
+    pop: Population, iteration: int, rng: np.random.Generator, config: SelectionConfig
+) -> Selection:
+    """Island, parent and drafts for one iteration."""
+    island = island_for(iteration, config.islands)
+    parent = pick_parent(pop, island, rng, top_k=config.top_k, temperature=config.temperature)
+    drafts = pick_drafts(
+        pop, parent, rng, config.drafts, top_k=config.top_k, temperature=config.temperature
+    )
+    return Selection(island, parent, tuple(drafts))
+
+
+def island_for(iteration: int, islands: int) -> int:
+    """Islands take turns, so each evolves at the same pace."""
+    return iteration % islands
+
+
+def should_migrate(iteration: int, interval: int) -> bool:
+    return interval > 0 and iteration > 0 and iteration % interval == 0
+
+
+def pick_parent(
+    pop: Population,
+    island: int,
+    rng: np.random.Generator,
+    *,
+    top_k: int = 8,
+    temperature: float = 0.02,
+) -> int:
+    """Id of a parent from `island`, best under a random weighting w ~ Dirichlet(1).
+
+    Only valid programs (status ok) compete. When the island has none, valid programs from
+    every island do (an island starts empty, or lost its line to errors); when nothing in the
+    campaign is valid, all programs of the island (else all) do, so the model sees a failure
+    with its feedback and can repair it.
+    """
+    if len(pop) == 0:
+        raise ValueError("the population is empty; add the seed program first")
+    on_island = pop.islands == island
+    valid = pop.valid
+    for mask in (on_island & valid, valid, on_island):
+        rows = np.flatnonzero(mask)
+        if len(rows):
+            break
+    else:
+        rows = np.arange(len(pop))
+    w = _weights(rng, len(pop.objectives))
+    u = pop.scores[rows] @ w
+    return int(pop.ids[rows[_pick_best(u, rng, top_k, temperature)]])
+
+
+def pick_drafts(
+    pop: Population,
+    parent_id: int,
+    rng: np.random.Generator,
+    k: int,
+    *,
+    top_k: int = 8,
+    temperature: float = 0.02,
+    tries: int = 4,
+) -> list[int]:
+    """Up to k distinct ids of valid programs from the parent's island, never the parent.
+
+    First the top program (best mean score, i.e. under the even weighting), then programs
+    that beat the parent under another random w: their strengths complement the parent's.
+    Each of those is drawn like a parent, among the programs that beat the parent under its w.
+    When too few programs beat the parent anywhere (it leads the island), the next best by mean
+    fill the places. Fewer than k come back only when the island has fewer valid programs.
+    """
+    if k <= 0:
+        return []
+    parent_row = pop.row(parent_id)
+    rows = np.flatnonzero((pop.islands == pop.islands[parent_row]) & pop.valid)
+    rows = rows[rows != parent_row]
+    if len(rows) == 0:
+        return []
+    scores = pop.scores[rows]  # (n, d)
+    parent = pop.scores[parent_row]  # (d,)
+    taken = np.zeros(len(rows), dtype=bool)
+    chosen: list[int] = []
+
+    mean = scores.mean(axis=1)
+    top = int(np.argmax(mean))
+    chosen.append(top)
+    taken[top] = True
+
+    d = len(pop.objectives)
+    weights = rng.dirichlet(np.ones(d), size=tries * (k - 1))
+    if len(weights):
+        values = scores @ weights.T  # (n, tries * (k - 1))
+        thresholds = weights @ parent + BEAT_MARGIN  # the parent's value under each w
+        for column in range(values.shape[1]):
+            if len(chosen) == k:
+                break
+            beats = np.flatnonzero((values[:, column] > thresholds[column]) & ~taken)
+            if len(beats) == 0:
+                continue
+            pick = int(beats[_pick_best(values[beats, column], rng, top_k, temperature)])
+            chosen.append(pick)
+            taken[pick] = True
+
+    missing = min(k - len(chosen), int((~taken).sum()))
+    if missing > 0:
+        rest = np.flatnonzero(~taken)
+        best = rest[np.argpartition(-mean[rest], missing - 1)[:missing]]
+        chosen.extend(int(i) for i in best[np.argsort(-mean[best], kind="stable")])
+    return [int(pop.ids[rows[i]]) for i in chosen]
+
+
+def migrants(
+    pop: Population, islands: int, per_island: int, rng: np.random.Generator
+) -> list[tuple[int, int]]:
+    """(program id, destination island) pairs: each island sends its best to the next (a ring).
+
+    Each migrant is the best valid program of its island under a fresh random w, so an island
+    exports different strengths over time. A program whose code already lives on the
+    destination is skipped in favour of the next best under the same w: copies would only
+    crowd the destination.
+    """
+    if islands < 2 or per_island <= 0 or len(pop) == 0:
+        return []
+    moves: list[tuple[int, int]] = []
+    for source in range(islands):
+        destination = (source + 1) % islands
+        rows = np.flatnonzero((pop.islands == source) & pop.valid)
+        sent: set[str] = set()
+        for _ in range(per_island):
+            u = pop.scores[rows] @ _weights(rng, len(pop.objectives))
+            for i in np.argsort(-u, kind="stable"):
+                row = int(rows[i])
+                code_hash = pop.code_hash(row)
+                if code_hash not in sent and not pop.has_code(code_hash, destination):
+                    sent.add(code_hash)
+                    moves.append((int(pop.ids[row]), destination))
+                    break
+    return moves
+
+
+def pareto_front(scores: np.ndarray) -> np.ndarray:
+    """Sorted indices of the non-dominated rows of `scores` (N, d), higher is better.
+
+    q dominates p when q >= p in every objective and q > p in one; equal rows do not dominate
+    each other, so copies of a front point are all on the front. d = 2 is a sort and a sweep,
+    O(N log N); other d filter the candidates point by point, O(N * front size * d).
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    n = len(scores)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    d = scores.shape[1]
+    if d == 0:
+        return np.arange(n)
+    if d == 1:
+        return np.flatnonzero(scores[:, 0] == scores[:, 0].max())
+    if d == 2:
+        return _pareto_2d(scores)
+    return _pareto_nd(scores)
+
+
+def _pareto_2d(scores: np.ndarray) -> np.ndarray:
+    x, y = scores[:, 0], scores[:, 1]
+    order = np.lexsort((-y, -x))  # x descending, then y descending
+    xs, ys = x[order], y[order]
+    running = np.maximum.accumulate(ys)
+    # Everything before position i has x >= xs[i]; one of them with a larger y dominates.
+    before = np.concatenate(([-np.inf], running[:-1]))
+    # Among points with strictly larger x, an equal y is enough to dominate.
+    group_start = np.searchsorted(-xs, -xs, side="left")
+    larger_x = np.where(group_start > 0, running[np.maximum(group_start - 1, 0)], -np.inf)
+    dominated = (before > ys) | (larger_x >= ys)
+    return np.sort(order[~dominated])
+
+
+def _pareto_nd(scores: np.ndarray) -> np.ndarray:
+    # A dominator has a strictly larger sum, so after sorting by sum descending each surviving
+    # point only needs to knock out the points after it.
+    order = np.argsort(-scores.sum(axis=1), kind="stable")
+    points = scores[order]
+    alive = order
+    i = 0
+    while i < len(points):
+        # Earlier points are checked too: rounding can give a dominator an equal float sum.
+        keep = (points > points[i]).any(axis=1) | (points == points[i]).all(axis=1)
+        i = int(keep[:i].sum()) + 1
+        points, alive = points[keep], alive[keep]
+    return np.sort(alive)
+
+
+def pareto_ids(pop: Population, island: int | None = None) -> list[int]:
+    """Ids of the valid programs on the Pareto front (of one island, when given)."""
+    mask = pop.valid if island is None else pop.valid & (pop.islands == island)
+    rows = np.flatnonzero(mask)
+    return [int(i) for i in pop.ids[rows[pareto_front(pop.scores[rows])]]]
+
+
+def _weights(rng: np.random.Generator, d: int) -> np.ndarray:
+    return rng.dirichlet(np.ones(d))
+
+
+def _pick_best(u: np.ndarray, rng: np.random.Generator, top_k: int, temperature: float) -> int:
+    """Position in u of a pick among its top_k values, weighted by softmax(u / temperature)."""
+    k = min(top_k, len(u))
+    top = np.argpartition(-u, k - 1)[:k] if k < len(u) else np.arange(len(u))
+    values = u[top]
+    if temperature == 0:
+        best = np.flatnonzero(values == values.max())
+        return int(top[best[rng.integers(len(best))]])
+    p = np.exp((values - values.max()) / temperature)
+    return int(top[rng.choice(k, p=p / p.sum())])
