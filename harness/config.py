@@ -1,0 +1,158 @@
+"""Every knob of a campaign in one frozen dataclass, read from TOML and overridden by flags.
+
+    vpo run circle_packing --config campaign.toml --iterations 50
+
+A campaign stores its effective config in the database; resuming uses the stored one, and only
+the flags given on the command line override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from harness.errors import UserError
+
+BACKENDS = ("transformers", "vllm", "openai")
+STRATEGIES = ("evolve", "best-of-n")
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    problem: str = "circle_packing"
+    name: str | None = None  # campaign name; default: the problem's name
+    seed: int = 0
+    iterations: int = 20  # total for the campaign: a resumed run continues up to this many
+    strategy: str = "evolve"  # evolve | best-of-n (always prompt with the seed)
+    # model
+    backend: str = "transformers"
+    model: str = "smollm2"  # the embedded SmolLM2-135M-Instruct; any HF id or folder works
+    base_url: str | None = None  # openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1
+    api_key_env: str = "OPENAI_API_KEY"  # the variable holding the key; the key is never stored
+    # sampling: G rollouts per prompt, m candidates per rollout
+    group_size: int = 4
+    candidates: int = 3
+    temperature: float = 0.8
+    top_p: float = 0.95
+    max_tokens: int = 768
+    # evolution
+    islands: int = 4
+    migration_interval: int = 20  # iterations between migrations of island bests
+    drafts: int = 3  # programs shown beside the parent (2-4)
+    # evaluation
+    workers: int = 0  # parallel sandbox workers; 0: one per CPU
+    time_limit: float = 0.0  # seconds per call; 0: the problem's own limit
+
+    def __post_init__(self) -> None:
+        _require(bool(self.problem), "problem", "a problem name or folder")
+        _require(self.iterations >= 0, "iterations", "a whole number >= 0")
+        _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES))
+        _require(self.backend in BACKENDS, "backend", " or ".join(BACKENDS))
+        _require(bool(self.model), "model", "a model name, Hugging Face id or folder")
+        _require(self.group_size >= 1, "group_size", "a whole number >= 1")
+        _require(1 <= self.candidates <= 8, "candidates", "a whole number from 1 to 8")
+        _require(0.0 <= self.temperature <= 5.0, "temperature", "a number from 0 to 5")
+        _require(0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]")
+        _require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
+        _require(self.islands >= 1, "islands", "a whole number >= 1")
+        _require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
+        _require(0 <= self.drafts <= 8, "drafts", "a whole number from 0 to 8")
+        _require(self.workers >= 0, "workers", "a whole number >= 0")
+        _require(self.time_limit >= 0.0, "time_limit", "a number of seconds >= 0")
+        if self.backend == "openai":
+            _require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
+
+    @property
+    def sandbox_workers(self) -> int:
+        return self.workers or os.cpu_count() or 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        lines = []
+        for name, value in self.to_dict().items():
+            if value is None:
+                lines.append(f"# {name} = (not set)")
+            else:
+                lines.append(f"{name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+
+KEYS = {f.name: f for f in fields(CampaignConfig)}
+
+
+def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
+    """The config from layers applied in order (stored, then file, then flags); None means unset."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key not in KEYS:
+                known = ", ".join(KEYS)
+                raise UserError(f"unknown key {key!r} in {where} (known keys: {known})")
+            if value is not None:
+                merged[key] = _coerce(key, value)
+    return CampaignConfig(**merged)
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise UserError(f"config file {path}: no such file")
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"config file {path} is not valid TOML: {exc}") from None
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        # Sections ([model], [sampling], ...) are for people; the keys are unique without them.
+        if isinstance(value, dict):
+            flat.update(value)
+        else:
+            flat[key] = value
+    for key in flat:
+        if key not in KEYS:
+            raise UserError(f"unknown key {key!r} in {path} (known keys: {', '.join(KEYS)})")
+    return flat
+
+
+def _coerce(key: str, value: Any) -> Any:
+    kind = str(KEYS[key].type)
+    try:
+        if kind.startswith("int"):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if kind.startswith("float"):
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if not isinstance(value, str):
+            raise ValueError
+        return value
+    except (TypeError, ValueError):
+        expected = (
+            "a whole number"
+            if kind.startswith("int")
+            else ("a number" if kind.startswith("float") else "a string")
+        )
+        raise UserError(f"config key {key!r} must be {expected}, got {value!r}") from None
+
+
+def _require(ok: bool, key: str, allowed: str) -> None:
+    if not ok:
+        raise UserError(f"config key {key!r} must be {allowed}")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
