@@ -17,7 +17,7 @@ lands on a different part of the front each time, so parents spread over all of 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,7 +77,9 @@ def _at_least(field: str, value: object, low: int) -> None:
 class Population:
     """Append-only columnar index of a campaign's programs, in the objective order given.
 
-    Columns grow by capacity doubling, so appending is amortised O(1). The array properties
+    Besides the global columns it keeps, per island, the valid programs' score vectors as one
+    contiguous (d, n) block: a pick is then `w @ block`, with no mask or gather over all N.
+    Storage grows by capacity doubling, so appending is amortised O(1). The array properties
     are views of the first `len(self)` rows; an `append` may move the storage, so do not hold
     them across one.
     """
@@ -93,6 +95,7 @@ class Population:
         self._scores = np.empty((capacity, len(self.objectives)), dtype=np.float64)
         self._valid = np.empty(capacity, dtype=bool)
         self._row_of: dict[int, int] = {}
+        self._valid_on: dict[int, _Block] = {}  # island -> its valid programs
         # code hash -> bit mask of the islands holding that code; duplicates and migrations
         # ask "is this code already there?" without a scan.
         self._code_islands: dict[str, int] = {}
@@ -104,8 +107,13 @@ class Population:
     ) -> Population:
         records = list(records)
         population = cls(objectives, capacity=len(records) + 1024)
-        for record in records:
-            population.add(record)
+        population.extend(
+            [r.id for r in records],
+            [r.island for r in records],
+            [[r.scores.get(name, 0.0) for name in population.objectives] for r in records],
+            valid=[r.status == "ok" for r in records],
+            code_hashes=[r.code_hash for r in records],
+        )
         return population
 
     def __len__(self) -> int:
@@ -140,9 +148,20 @@ class Population:
         return self._hashes[row]
 
     def has_code(self, code_hash: str, island: int | None = None) -> bool:
-        """Whether a program with this code hash is indexed (on `island`, when given)."""
+        """Whether a program with this code hash is indexed (on `island`, when given).
+
+        The campaign's duplicate check: a candidate whose `records.code_hash` is known is not
+        evaluated again. With several workers on one database, the database stays the judge.
+        """
         mask = self._code_islands.get(code_hash, 0)
         return bool(mask) if island is None else bool(mask >> island & 1)
+
+    def valid_on(self, island: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (n,) and score block (d, n) of the valid programs on `island`, rows ascending."""
+        block = self._valid_on.get(island)
+        if block is None:
+            return np.zeros(0, dtype=np.int64), np.zeros((len(self.objectives), 0))
+        return block.rows[: block.n], block.scores[:, : block.n]
 
     def add(self, record: ProgramRecord) -> None:
         self.append(
@@ -172,18 +191,74 @@ class Population:
                 f"program {program_id}: expected {len(self.objectives)} scores "
                 f"({', '.join(self.objectives)}), got shape {vector.shape}"
             )
+        if not np.isfinite(vector).all():
+            # A NaN would poison every comparison in argpartition; a failed part scores 0.
+            vector = np.nan_to_num(vector, nan=0.0, posinf=0.0, neginf=0.0)
         if self._n == len(self._ids):
             self._grow()
         n = self._n
         self._ids[n] = program_id
         self._islands[n] = island
-        # A NaN would poison every comparison in argpartition; a failed part scores 0 anyway.
-        self._scores[n] = np.nan_to_num(vector, nan=0.0, posinf=0.0, neginf=0.0)
+        self._scores[n] = vector
         self._valid[n] = valid
+        if valid:
+            block = self._valid_on.get(island)
+            if block is None:
+                block = self._valid_on[island] = _Block(len(self.objectives))
+            block.append(n, vector)
         self._row_of[program_id] = n
         self._code_islands[code_hash] = self._code_islands.get(code_hash, 0) | (1 << island)
         self._hashes.append(code_hash)
         self._n = n + 1
+
+    def extend(
+        self,
+        program_ids: Sequence[int] | np.ndarray,
+        islands: Sequence[int] | np.ndarray,
+        scores: Sequence[Sequence[float]] | np.ndarray,
+        *,
+        valid: Sequence[bool] | np.ndarray,
+        code_hashes: Sequence[str],
+    ) -> None:
+        """Append many programs at once (loading a campaign), in one vectorised step."""
+        ids = np.asarray(program_ids, dtype=np.int64).reshape(-1)
+        count = len(ids)
+        homes = np.asarray(islands, dtype=np.int64).reshape(-1)
+        vectors = np.asarray(scores, dtype=np.float64).reshape(count, -1)
+        ok = np.asarray(valid, dtype=bool).reshape(-1)
+        if vectors.shape[1] != len(self.objectives) or not (
+            len(homes) == len(ok) == len(code_hashes) == count
+        ):
+            raise ValueError(
+                f"extend needs {count} islands, validity flags and code hashes and a "
+                f"({count}, {len(self.objectives)}) score array"
+            )
+        if count == 0:
+            return
+        if (homes < 0).any():
+            raise ValueError("islands must be >= 0")
+        new_rows = dict(zip(ids.tolist(), range(self._n, self._n + count), strict=True))
+        if len(new_rows) != count or not self._row_of.keys().isdisjoint(new_rows):
+            raise ValueError("program ids must be new and distinct")
+        vectors = np.nan_to_num(vectors, nan=0.0, posinf=0.0, neginf=0.0)
+        while self._n + count > len(self._ids):
+            self._grow()
+        rows = np.arange(self._n, self._n + count)
+        self._ids[rows] = ids
+        self._islands[rows] = homes
+        self._scores[rows] = vectors
+        self._valid[rows] = ok
+        for island in np.unique(homes[ok]).tolist():
+            chosen = ok & (homes == island)
+            block = self._valid_on.get(island)
+            if block is None:
+                block = self._valid_on[island] = _Block(len(self.objectives))
+            block.extend(rows[chosen], vectors[chosen])
+        self._row_of.update(new_rows)
+        for code_hash, island in zip(code_hashes, homes.tolist(), strict=True):
+            self._code_islands[code_hash] = self._code_islands.get(code_hash, 0) | (1 << island)
+        self._hashes.extend(code_hashes)
+        self._n += count
 
     def _grow(self) -> None:
         capacity = 2 * len(self._ids)
@@ -191,6 +266,38 @@ class Population:
         self._islands = _resized(self._islands, capacity)
         self._scores = _resized(self._scores, capacity)
         self._valid = _resized(self._valid, capacity)
+
+
+class _Block:
+    """The valid programs of one island: rows (n,) and their scores as columns (d, n)."""
+
+    def __init__(self, d: int, capacity: int = 256) -> None:
+        self.n = 0
+        self.rows = np.empty(capacity, dtype=np.int64)
+        self.scores = np.empty((d, capacity), dtype=np.float64)
+
+    def append(self, row: int, vector: np.ndarray) -> None:
+        self._reserve(1)
+        self.rows[self.n] = row
+        self.scores[:, self.n] = vector
+        self.n += 1
+
+    def extend(self, rows: np.ndarray, vectors: np.ndarray) -> None:
+        self._reserve(len(rows))
+        self.rows[self.n : self.n + len(rows)] = rows
+        self.scores[:, self.n : self.n + len(rows)] = vectors.T
+        self.n += len(rows)
+
+    def _reserve(self, more: int) -> None:
+        capacity = len(self.rows)
+        if self.n + more <= capacity:
+            return
+        while capacity < self.n + more:
+            capacity *= 2
+        self.rows = _resized(self.rows, capacity)
+        scores = np.empty((len(self.scores), capacity), dtype=np.float64)
+        scores[:, : self.n] = self.scores[:, : self.n]
+        self.scores = scores
 
 
 def _resized(array: np.ndarray, capacity: int) -> np.ndarray:
@@ -246,16 +353,16 @@ def pick_parent(
     """
     if len(pop) == 0:
         raise ValueError("the population is empty; add the seed program first")
-    on_island = pop.islands == island
-    valid = pop.valid
-    for mask in (on_island & valid, valid, on_island):
-        rows = np.flatnonzero(mask)
-        if len(rows):
-            break
-    else:
-        rows = np.arange(len(pop))
-    w = _weights(rng, len(pop.objectives))
-    u = pop.scores[rows] @ w
+    rows, block = pop.valid_on(island)
+    if len(rows) == 0:
+        # Rare paths, so a scan over all N is fine here.
+        on_island = pop.islands == island
+        for mask in (pop.valid, on_island, np.ones(len(pop), dtype=bool)):
+            rows = np.flatnonzero(mask)
+            if len(rows):
+                break
+        block = pop.scores[rows].T
+    u = _weights(rng, len(pop.objectives)) @ block  # (n,)
     return int(pop.ids[rows[_pick_best(u, rng, top_k, temperature)]])
 
 
@@ -273,39 +380,36 @@ def pick_drafts(
 
     First the top program (best mean score, i.e. under the even weighting), then programs
     that beat the parent under another random w: their strengths complement the parent's.
-    Each of those is drawn like a parent, among the programs that beat the parent under its w.
-    When too few programs beat the parent anywhere (it leads the island), the next best by mean
-    fill the places. Fewer than k come back only when the island has fewer valid programs.
+    Each of those is drawn like a parent, among the programs that beat the parent under its w
+    (`tries` weightings per place). When too few programs beat the parent anywhere (it leads
+    the island), the next best by mean fill the places. Fewer than k come back only when the
+    island has fewer valid programs.
     """
     if k <= 0:
         return []
     parent_row = pop.row(parent_id)
-    rows = np.flatnonzero((pop.islands == pop.islands[parent_row]) & pop.valid)
-    rows = rows[rows != parent_row]
-    if len(rows) == 0:
-        return []
-    scores = pop.scores[rows]  # (n, d)
     parent = pop.scores[parent_row]  # (d,)
+    rows, block = pop.valid_on(int(pop.islands[parent_row]))  # (n,), (d, n)
     taken = np.zeros(len(rows), dtype=bool)
-    chosen: list[int] = []
-
-    mean = scores.mean(axis=1)
-    top = int(np.argmax(mean))
-    chosen.append(top)
-    taken[top] = True
-
+    at = int(np.searchsorted(rows, parent_row))
+    if at < len(rows) and rows[at] == parent_row:
+        taken[at] = True
+    if taken.all():
+        return []
     d = len(pop.objectives)
-    weights = rng.dirichlet(np.ones(d), size=tries * (k - 1))
-    if len(weights):
-        values = scores @ weights.T  # (n, tries * (k - 1))
-        thresholds = weights @ parent + BEAT_MARGIN  # the parent's value under each w
-        for column in range(values.shape[1]):
-            if len(chosen) == k:
-                break
-            beats = np.flatnonzero((values[:, column] > thresholds[column]) & ~taken)
-            if len(beats) == 0:
-                continue
-            pick = int(beats[_pick_best(values[beats, column], rng, top_k, temperature)])
+    mean = np.full(d, 1.0 / d) @ block  # (n,)
+    chosen = [int(np.argmax(np.where(taken, -np.inf, mean)))]
+    taken[chosen[0]] = True
+
+    for _ in range(tries * (k - 1)):
+        if len(chosen) == k:
+            break
+        w = _weights(rng, d)
+        u = w @ block  # (n,)
+        # Beating the parent under w: a strength the parent lacks.
+        beats = np.flatnonzero((u > w @ parent + BEAT_MARGIN) & ~taken)
+        if len(beats):
+            pick = int(beats[_pick_best(u[beats], rng, top_k, temperature)])
             chosen.append(pick)
             taken[pick] = True
 
@@ -325,25 +429,38 @@ def migrants(
     Each migrant is the best valid program of its island under a fresh random w, so an island
     exports different strengths over time. A program whose code already lives on the
     destination is skipped in favour of the next best under the same w: copies would only
-    crowd the destination.
+    crowd the destination. The campaign stores each migrant as a copy (origin "migration").
     """
-    if islands < 2 or per_island <= 0 or len(pop) == 0:
+    if islands < 2 or per_island <= 0:
         return []
     moves: list[tuple[int, int]] = []
     for source in range(islands):
         destination = (source + 1) % islands
-        rows = np.flatnonzero((pop.islands == source) & pop.valid)
+        rows, block = pop.valid_on(source)
         sent: set[str] = set()
         for _ in range(per_island):
-            u = pop.scores[rows] @ _weights(rng, len(pop.objectives))
-            for i in np.argsort(-u, kind="stable"):
-                row = int(rows[i])
-                code_hash = pop.code_hash(row)
+            u = _weights(rng, len(pop.objectives)) @ block
+            for i in _best_first(u):
+                code_hash = pop.code_hash(int(rows[i]))
                 if code_hash not in sent and not pop.has_code(code_hash, destination):
                     sent.add(code_hash)
-                    moves.append((int(pop.ids[row]), destination))
+                    moves.append((int(pop.ids[rows[i]]), destination))
                     break
     return moves
+
+
+def _best_first(u: np.ndarray, head: int = 32) -> Iterator[int]:
+    """Positions of u from the largest value down; sorts everything only if asked past `head`."""
+    if len(u) > head:
+        top = np.argpartition(-u, head - 1)[:head]
+        top = top[np.argsort(-u[top], kind="stable")]
+        yield from top.tolist()
+        rest = np.ones(len(u), dtype=bool)
+        rest[top] = False
+        others = np.flatnonzero(rest)
+        yield from others[np.argsort(-u[others], kind="stable")].tolist()
+    else:
+        yield from np.argsort(-u, kind="stable").tolist()
 
 
 def pareto_front(scores: np.ndarray) -> np.ndarray:

@@ -1,0 +1,236 @@
+"""The prompt: problem statement, parent and drafts with their score vectors, feedback, the ask.
+
+One completion answers with m candidates in numbered tags (see `harness.parsing`). Small models
+have small contexts, so every part is bounded: each program, the feedback, and the whole
+prompt (`max_chars`), which drops drafts first, then shortens the feedback, then the parent.
+
+Program code and stderr are untrusted text. They are shown verbatim (a SEARCH block must match
+the parent exactly) inside a fence longer than any backtick run in them, so they cannot close
+their fence and pass for instructions. The prompt itself is never parsed: `parse_completion`
+reads only the completion. A program holding `</candidate_1>` that the model copies into its
+answer stays inside its code fence, and the parser takes tags inside a closed fence as code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from harness.parsing import Edit, fence_for, format_edits, format_full
+from harness.records import ProgramRecord
+from problems.api import Problem
+
+MAX_CHARS = 12_000  # ~3-4k tokens: half of SmolLM2's 8k context, the rest for the answer
+MAX_PROGRAM_CHARS = 4_000  # the parent
+MAX_DRAFT_CHARS = 2_500
+MAX_FEEDBACK_CHARS = 1_200
+MIN_PARENT_CHARS = 1_000  # the parent is never cut below this to meet max_chars
+
+SYSTEM = (
+    "You are an expert programmer and mathematician. You improve Python programs that are "
+    "scored automatically, and you answer in exactly the format you are asked for."
+)
+
+_EXAMPLE_EDIT = Edit("    lines copied exactly from the current program", "    their replacement")
+
+
+def build_prompt(
+    problem: Problem,
+    parent: ProgramRecord,
+    drafts: Sequence[ProgramRecord],
+    m: int = 3,
+    *,
+    max_chars: int = MAX_CHARS,
+    max_program_chars: int = MAX_PROGRAM_CHARS,
+    max_draft_chars: int = MAX_DRAFT_CHARS,
+    max_feedback_chars: int = MAX_FEEDBACK_CHARS,
+) -> list[dict[str, str]]:
+    """Chat messages (system, user) asking for m different candidates improving `parent`.
+
+    Drafts are shown in the order given, and dropped from the end when the prompt would pass
+    `max_chars`; the problem statement and the instructions are never cut.
+    """
+    if m < 1:
+        raise ValueError(f"m must be at least 1, got {m}")
+    objectives = [o.name for o in problem.objectives]
+    kept = list(drafts)
+    feedback_chars, parent_chars = max_feedback_chars, max_program_chars
+    while True:
+        user = _user_message(
+            problem, objectives, parent, kept, m, parent_chars, max_draft_chars, feedback_chars
+        )
+        over = len(SYSTEM) + len(user) - max_chars
+        if over <= 0:
+            break
+        if kept:
+            kept.pop()
+        elif feedback_chars > 200:
+            feedback_chars = max(200, feedback_chars - over)
+        elif parent_chars > MIN_PARENT_CHARS:
+            parent_chars = max(MIN_PARENT_CHARS, parent_chars - over)
+        else:
+            break  # the statement alone is over budget; send the smallest prompt there is
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+def _user_message(
+    problem: Problem,
+    objectives: list[str],
+    parent: ProgramRecord,
+    drafts: Sequence[ProgramRecord],
+    m: int,
+    parent_chars: int,
+    draft_chars: int,
+    feedback_chars: int,
+) -> str:
+    parts = [
+        "# Problem\n\n" + problem.description.strip(),
+        _objectives_section(problem),
+        "# Current program\n\n"
+        + _scored_program(parent, objectives, parent_chars, "the current program"),
+    ]
+    feedback = _feedback(parent, feedback_chars)
+    if feedback:
+        parts.append("# Feedback from evaluating the current program\n\n" + feedback)
+    if drafts:
+        shown = [
+            f"## Program {_letter(i)}\n\n"
+            + _scored_program(draft, objectives, draft_chars, "this program")
+            for i, draft in enumerate(drafts)
+        ]
+        parts.append("# Other programs, for ideas\n\n" + "\n\n".join(shown))
+    parts.append(_task(problem, m))
+    return "\n\n".join(parts) + "\n"
+
+
+def _objectives_section(problem: Problem) -> str:
+    lines = [
+        "# Objectives",
+        "",
+        "Each objective scores from 0 to 1, higher is better; 1 is the best known value.",
+    ]
+    for o in problem.objectives:
+        goal = "maximise" if o.direction == "max" else "minimise"
+        about = f"{o.description}, " if o.description else ""
+        lines.append(f"- {o.name}: {about}{goal} (best known {o.best_known:.10g})")
+    return "\n".join(lines)
+
+
+def _scored_program(program: ProgramRecord, objectives: list[str], limit: int, what: str) -> str:
+    scores = ", ".join(_score(program, name) for name in objectives)
+    status = "" if program.status == "ok" else f" [{program.status}]"
+    code, omitted = _clip(program.code, limit)
+    note = f"\n({omitted} lines in the middle of {what} are not shown.)" if omitted else ""
+    fence = fence_for(code)
+    return f"Scores{status}: {scores}\n{fence}python\n{code}{fence}{note}"
+
+
+def _score(program: ProgramRecord, name: str) -> str:
+    score = program.scores.get(name, 0.0)
+    raw = program.raw.get(name)
+    return f"{name} {score:.4f} (raw {raw:.10g})" if raw is not None else f"{name} {score:.4f}"
+
+
+def _clip(code: str, limit: int) -> tuple[str, int]:
+    """The code, or its first and last lines within `limit` characters, and how many lines
+    were left out: the head holds the imports and signatures, the tail the final result."""
+    code = code if code.endswith("\n") else code + "\n"
+    if len(code) <= limit:
+        return code, 0
+    lines = code.splitlines(keepends=True)
+    head: list[str] = []
+    tail: list[str] = []
+    used, low, high = 0, 0, len(lines) - 1
+    while low <= high:
+        # Alternate, two lines of head for each of tail: the top matters more.
+        line, take_head = (
+            (lines[low], True) if len(head) < 2 * len(tail) + 2 else (lines[high], False)
+        )
+        if used + len(line) > limit:
+            break
+        used += len(line)
+        if take_head:
+            head.append(line)
+            low += 1
+        else:
+            tail.append(line)
+            high -= 1
+    omitted = len(lines) - len(head) - len(tail)
+    marker = f"# ... {omitted} lines not shown ...\n"
+    return "".join(head) + marker + "".join(reversed(tail)), omitted
+
+
+def _feedback(program: ProgramRecord, limit: int) -> str:
+    """The status, error and stderr tails of the program's evaluation, within `limit` chars."""
+    parts: list[str] = []
+    if program.status != "ok":
+        parts.append(f"Status: {program.status}")
+    if program.error:
+        parts.append("Error: " + _tail(" ".join(program.error.split()), limit // 3))
+    for call, stderr in _stderr_by_call(program.metrics):
+        room = limit - sum(len(p) for p in parts)
+        if room < 80:
+            break
+        text = _tail(stderr, room - 40)
+        fence = fence_for(text)
+        label = f"stderr ({call})" if call else "stderr"
+        parts.append(f"{label}, last lines:\n{fence}\n{text}\n{fence}")
+    return "\n".join(parts)
+
+
+def _stderr_by_call(metrics: Mapping[str, Any]) -> list[tuple[str, str]]:
+    # Artifacts are keyed by call ({"n26": {"stderr": ...}}); a problem with one call may
+    # also store a flat {"stderr": ...}.
+    artifacts = metrics.get("artifacts") if isinstance(metrics, Mapping) else None
+    if not isinstance(artifacts, Mapping):
+        return []
+    if isinstance(artifacts.get("stderr"), str):
+        found = [("", artifacts["stderr"])]
+    else:
+        found = [
+            (str(call), value["stderr"])
+            for call, value in artifacts.items()
+            if isinstance(value, Mapping) and isinstance(value.get("stderr"), str)
+        ]
+    return [(call, text.strip()) for call, text in found if text.strip()]
+
+
+def _tail(text: str, limit: int) -> str:
+    """The end of `text` within `limit` characters, from a line start when one is near."""
+    if len(text) <= limit:
+        return text
+    cut = text[len(text) - max(0, limit - 4) :]
+    newline = cut.find("\n")
+    if 0 <= newline < len(cut) // 2:
+        cut = cut[newline + 1 :]
+    return "... " + cut
+
+
+def _task(problem: Problem, m: int) -> str:
+    names = [o.name for o in problem.objectives]
+    spread = (
+        f" A set whose members excel at different objectives ({', '.join(names)}) is worth "
+        "more than near copies."
+        if len(names) > 1 and m > 1
+        else ""
+    )
+    example = "\n".join(
+        [format_full(1, "...a complete program..."), format_edits(min(2, m), [_EXAMPLE_EDIT])]
+    )
+    each = "each candidate" if m > 1 else "the candidate"
+    return (
+        "# Your task\n\n"
+        f"Write {m} candidate program{'s' if m > 1 else ''} that improve on the current "
+        f"program. Make each one a genuinely different approach, not a variation of the "
+        f"others.{spread} Every program must define `{problem.entry}` as the problem states.\n\n"
+        f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{m}). Make "
+        f"{each} either a complete program in a ```python block, or edits to the current "
+        "program as SEARCH/REPLACE blocks whose SEARCH lines are copied exactly from it. "
+        "For example:\n\n"
+        f"{example}\n\n"
+        "Think briefly first if it helps; write nothing after the last candidate."
+    )
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else str(i + 1)
