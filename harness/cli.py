@@ -48,22 +48,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=cmd_eval)
 
-    p = commands.add_parser("run", help="start or resume a campaign on a problem")
-    p.add_argument("problem", help="a registered problem name, or a folder holding problem.py")
+    p = commands.add_parser("run", help="run or resume a discovery campaign")
     p.add_argument(
-        "--db",
+        "problem",
+        nargs="?",
         default=None,
-        help="database file or URL (default: runs/PROBLEM.db; postgresql://... works)",
+        help="a registered problem name, or a folder holding problem.py "
+        "(default: from --config, or the campaign stored in --db)",
     )
-    p.add_argument("--name", default=None, help="campaign name (default: the problem's name)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        help="parallel sandbox workers (default: the CPU count)",
-    )
+    _campaign_flags(p)
     p.set_defaults(handler=cmd_run)
+
+    p = commands.add_parser("status", help="what a campaign's database holds")
+    p.add_argument("--db", required=True, help="database file or URL")
+    p.add_argument("--name", default=None, help="campaign name (default: the only one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_status)
+
+    p = commands.add_parser("config", help="campaign configuration")
+    config_commands = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    show = config_commands.add_parser("show", help="print the effective config as TOML")
+    show.add_argument("problem", nargs="?", default=None)
+    _campaign_flags(show)
+    show.set_defaults(handler=cmd_config_show)
     return parser
 
 
@@ -127,51 +134,244 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0 if evaluation.status == "ok" else 1
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from harness.evaluate import evaluate
-    from harness.sandbox import Sandbox
+def _campaign_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="a TOML file with campaign settings")
+    p.add_argument(
+        "--db",
+        default=None,
+        help="database file or URL (default: runs/PROBLEM.db; postgresql://... works)",
+    )
+    p.add_argument("--name", default=None, help="campaign name (default: the problem's name)")
+    flag = p.add_argument_group("settings (override the config file and the stored campaign)")
+    flag.add_argument("--iterations", type=int, default=None, help="total iterations (20)")
+    flag.add_argument("--strategy", default=None, help="evolve (default) or best-of-n")
+    flag.add_argument("--backend", default=None, help="transformers (default), vllm or openai")
+    flag.add_argument("--model", default=None, help="model name, HF id or folder (smollm2)")
+    flag.add_argument("--base-url", dest="base_url", default=None, help="openai endpoint URL")
+    flag.add_argument(
+        "--api-key-env",
+        dest="api_key_env",
+        default=None,
+        help="variable holding the API key (OPENAI_API_KEY)",
+    )
+    flag.add_argument(
+        "-G",
+        "--group-size",
+        dest="group_size",
+        type=int,
+        default=None,
+        help="rollouts per prompt (4)",
+    )
+    flag.add_argument(
+        "-m", "--candidates", type=int, default=None, help="candidates per rollout (3)"
+    )
+    flag.add_argument("--temperature", type=float, default=None, help="sampling temperature (0.8)")
+    flag.add_argument("--top-p", dest="top_p", type=float, default=None, help="nucleus (0.95)")
+    flag.add_argument(
+        "--max-tokens",
+        dest="max_tokens",
+        type=int,
+        default=None,
+        help="tokens per completion (768)",
+    )
+    flag.add_argument("--islands", type=int, default=None, help="islands (4)")
+    flag.add_argument(
+        "--migration-interval",
+        dest="migration_interval",
+        type=int,
+        default=None,
+        help="iterations between migrations (20)",
+    )
+    flag.add_argument("--drafts", type=int, default=None, help="drafts beside the parent (3)")
+    flag.add_argument("--workers", type=int, default=None, help="sandbox workers (0: one per CPU)")
+    flag.add_argument(
+        "--time-limit",
+        dest="time_limit",
+        type=float,
+        default=None,
+        help="seconds per call (0: the problem's own)",
+    )
+    flag.add_argument("--seed", type=int, default=None, help="random seed (0)")
+
+
+SETTING_FLAGS = (
+    "iterations",
+    "strategy",
+    "backend",
+    "model",
+    "base_url",
+    "api_key_env",
+    "group_size",
+    "candidates",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "islands",
+    "migration_interval",
+    "drafts",
+    "workers",
+    "time_limit",
+    "seed",
+)
+
+
+def _effective_config(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """(config, problem, store, stored campaign or None) from flags, file and database."""
+    from harness.config import build, load_toml
     from harness.store import Store
 
-    problem = load_problem(args.problem)
-    db = args.db or str(Path("runs") / f"{problem.name}.db")
-    if "://" not in db:
-        Path(db).parent.mkdir(parents=True, exist_ok=True)
-    store = Store.open(db)
-    name = args.name or problem.name
-    campaign = store.get_campaign(name)
-    if campaign is None:
-        config = {"problem": args.problem, "seed": args.seed}
-        campaign_id = store.create_campaign(name, problem.name, config, args.seed)
-        print(f"campaign {name!r} created in {db}")
-    else:
-        if campaign.problem != problem.name:
-            raise UserError(
-                f"campaign {name!r} in {db} runs problem {campaign.problem!r}, "
-                f"not {problem.name!r}; pick another --name"
-            )
-        campaign_id = campaign.id
-        store.record_event(campaign_id, "resumed", {})
-        print(f"campaign {name!r} resumed from {db}")
-    seeds = [p for p in store.programs(campaign_id) if p.origin == "seed"]
-    if seeds:
-        seed = seeds[0]
-        evaluation = Evaluation(seed.status, seed.scores, seed.raw, seed.error, seed.eval_seconds)
-    else:
-        with Sandbox(workers=args.workers or os.cpu_count() or 1) as sandbox:
-            evaluation = evaluate(problem, problem.seed_program, sandbox)
-        store.add_program(
-            campaign_id,
-            problem.seed_program,
-            status=evaluation.status,
-            scores=dict(evaluation.scores),
-            raw=dict(evaluation.raw),
-            error=evaluation.reason,
-            origin="seed",
-            eval_seconds=evaluation.seconds,
-            metrics={"artifacts": dict(evaluation.artifacts)},
+    flags = {key: getattr(args, key) for key in SETTING_FLAGS}
+    flags["problem"] = args.problem
+    flags["name"] = args.name
+    file = load_toml(args.config) if args.config else {}
+    store = None
+    stored = None
+    if args.db is not None:
+        store = Store.open(args.db)
+        stored = _find_campaign(store, args.name or file.get("name"), required=False)
+    problem_spec = (
+        args.problem or file.get("problem") or (stored.config.get("problem") if stored else None)
+    )
+    if problem_spec is None:
+        raise UserError(
+            "which problem? give PROBLEM, a --config with `problem`, or a --db holding a campaign"
         )
-    print_evaluation(problem, evaluation, title=f"{problem.name}: seed program")
-    return 0 if evaluation.status == "ok" else 1
+    problem = load_problem(problem_spec)
+    if store is None:
+        db = str(Path("runs") / f"{problem.name}.db")
+        store = Store.open(db)
+        stored = _find_campaign(
+            store, args.name or file.get("name") or problem.name, required=False
+        )
+    base = dict(stored.config) if stored else {}
+    base["problem"] = problem_spec
+    config = build(base, file, flags, where=args.config or "the settings")
+    return config, problem, store, stored
+
+
+def _find_campaign(store: Any, name: str | None, *, required: bool) -> Any:
+    if name is not None:
+        campaign = store.get_campaign(name)
+        if campaign is None and required:
+            raise UserError(f"no campaign named {name!r} in {store.where}")
+        return campaign
+    campaigns = store.campaigns()
+    if len(campaigns) == 1:
+        return campaigns[0]
+    if required:
+        names = ", ".join(c.name for c in campaigns) or "none"
+        raise UserError(f"{store.where} holds campaigns {names}; pick one with --name")
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.campaign import run_campaign
+
+    config, problem, store, stored = _effective_config(args)
+    name = config.name or problem.name
+    print(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")
+    with _progress_reporter(config.iterations) as report:
+        campaign_id = run_campaign(config, store, problem, on_progress=report)
+    summary = store.summary(campaign_id)
+    _print_best(problem, summary)
+    print(f"database: {store.where}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from harness.campaign import summary_json
+    from harness.store import Store
+
+    store = Store.open(args.db, create=False)
+    campaign = _find_campaign(store, args.name, required=True)
+    report = summary_json(store, campaign.id)
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"campaign {campaign.name} ({campaign.problem}, {campaign.status})")
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for key in (
+        "programs",
+        "valid_programs",
+        "evaluations",
+        "groups",
+        "trajectories",
+        "policy_versions",
+        "tokens",
+    ):
+        table.add_row(key.replace("_", " "), str(report[key]))
+    for objective, best in report["best"].items():
+        raw = "-" if best["raw"] is None else f"{best['raw']:.10g}"
+        table.add_row(
+            f"best {objective}", f"{best['score']:.6f} (raw {raw}, program {best['program_id']})"
+        )
+    Console().print(table)
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    config, _problem, _store, _stored = _effective_config(args)
+    print(config.to_toml(), end="")
+    return 0
+
+
+class _progress_reporter:  # noqa: N801 - used as a context manager, reads like a function
+    """A rich progress bar on a terminal; one plain line per iteration elsewhere (logs, CI)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("starting", total=self.total)
+        return self.report
+
+    def report(self, iteration: int, progress: Any) -> None:
+        line = progress.line(iteration, self.total)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=iteration, description=line)
+        else:
+            print(line, flush=True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _print_best(problem: Problem, summary: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{problem.name}: best so far")
+    for column in ("objective", "score", "raw", "best known", "program"):
+        table.add_column(column, justify="left" if column == "objective" else "right")
+    for objective in problem.objectives:
+        best = summary.best.get(objective.name)
+        if best is None:
+            table.add_row(objective.name, "-", "-", f"{objective.best_known:.10g}", "-")
+            continue
+        raw = "-" if best["raw"] is None else f"{best['raw']:.10f}"
+        table.add_row(
+            objective.name,
+            f"{best['score']:.6f}",
+            raw,
+            f"{objective.best_known:.10g}",
+            str(best["program_id"]),
+        )
+    Console().print(table)
+    print(
+        f"programs: {summary.programs} ({summary.valid_programs} valid), "
+        f"iterations: {summary.groups}, tokens: {summary.tokens}"
+    )
 
 
 def read_program(path: str) -> str:

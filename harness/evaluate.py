@@ -7,7 +7,7 @@ here, in the trusted process, on that data.
 from __future__ import annotations
 
 import math
-import time
+from collections.abc import Sequence
 from typing import Any
 
 from harness.sandbox import Call as SandboxCall
@@ -19,23 +19,42 @@ def limits_for(problem: Problem) -> Limits:
     return Limits(wall_seconds=float(problem.time_limit), memory_mb=int(problem.memory_mb))
 
 
-def evaluate(problem: Problem, code: str, sandbox: Sandbox) -> Evaluation:
+def evaluate(
+    problem: Problem, code: str, sandbox: Sandbox, limits: Limits | None = None
+) -> Evaluation:
     """Run every call of `problem` on `code` in parallel; fold the results into one Evaluation."""
-    started = time.perf_counter()
+    return evaluate_many(problem, [code], sandbox, limits)[0]
+
+
+def evaluate_many(
+    problem: Problem, codes: Sequence[str], sandbox: Sandbox, limits: Limits | None = None
+) -> list[Evaluation]:
+    """Evaluate several programs, all their calls in one parallel batch to keep workers busy."""
     calls = list(problem.calls())
-    limits = limits_for(problem)
-    outcomes = sandbox.map(SandboxCall(code, problem.entry, tuple(c.args), limits) for c in calls)
-    results: dict[str, tuple[Status, dict[str, float], str | None]] = {}
-    artifacts: dict[str, Any] = {}
-    for call, outcome in zip(calls, outcomes, strict=True):
-        results[call.key] = _score_call(problem, call, outcome)
-        artifacts[call.key] = {
-            "seconds": round(outcome.seconds, 4),
-            "stdout": outcome.stdout,
-            "stderr": outcome.stderr,
-            "warnings": list(outcome.warnings),
-        }
-    return combine(problem, results, time.perf_counter() - started, artifacts)
+    limits = limits or limits_for(problem)
+    jobs = [
+        SandboxCall(code, problem.entry, tuple(call.args), limits)
+        for code in codes
+        for call in calls
+    ]
+    outcomes = sandbox.map(jobs)
+    evaluations = []
+    for i in range(len(codes)):
+        mine = outcomes[i * len(calls) : (i + 1) * len(calls)]
+        results: dict[str, tuple[Status, dict[str, float], str | None]] = {}
+        artifacts: dict[str, Any] = {}
+        for call, outcome in zip(calls, mine, strict=True):
+            results[call.key] = _score_call(problem, call, outcome)
+            artifacts[call.key] = {
+                "seconds": round(outcome.seconds, 4),
+                "stdout": outcome.stdout,
+                "stderr": outcome.stderr,
+                "warnings": list(outcome.warnings),
+            }
+        # Calls run in parallel; the program's cost is what its calls took together.
+        seconds = sum(outcome.seconds for outcome in mine)
+        evaluations.append(combine(problem, results, seconds, artifacts))
+    return evaluations
 
 
 def _score_call(

@@ -355,15 +355,15 @@ class Store:
 
     def program_vectors(
         self, campaign_id: int, objectives: Sequence[str], after_id: int = 0
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(ids, islands, valid, scores[N, d]) of the programs with id > after_id, by id.
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
+        """(ids, islands, valid, scores[N, d], code hashes) of the programs with id > after_id.
 
         Selection works on these arrays; two narrow queries, no code text, so a campaign with
         100k programs loads in well under a second and refreshes incrementally.
         """
         with self._reading() as session:
             rows = session.execute(
-                select(Program.id, Program.island, Program.status)
+                select(Program.id, Program.island, Program.status, Program.code_hash)
                 .where(Program.campaign_id == campaign_id, Program.id > after_id)
                 .order_by(Program.id)
             ).all()
@@ -382,7 +382,7 @@ class Store:
                     j = column.get(objective)
                     if j is not None:
                         scores[position[program_id], j] = value
-        return ids, islands, valid, scores
+        return ids, islands, valid, scores, [r[3] for r in rows]
 
     def code_hashes(self, campaign_id: int) -> dict[str, int]:
         """Normalised-code hash -> the first program with it: what was evaluated already."""
@@ -458,7 +458,12 @@ class Store:
             return None if program is None else _program_record(program)
 
     def programs(
-        self, campaign_id: int, status: str | None = None, island: int | None = None
+        self,
+        campaign_id: int,
+        status: str | None = None,
+        island: int | None = None,
+        origin: str | None = None,
+        limit: int | None = None,
     ) -> list[ProgramRecord]:
         """The campaign's programs in the order they were stored, optionally filtered."""
         query = select(Program).where(Program.campaign_id == campaign_id)
@@ -467,7 +472,10 @@ class Store:
             query = query.where(Program.status == status)
         if island is not None:
             query = query.where(Program.island == island)
-        return self._program_records(query)
+        if origin is not None:
+            _check_choice("program origin", origin, PROGRAM_ORIGINS)
+            query = query.where(Program.origin == origin)
+        return self._program_records(query, limit)
 
     def find_by_hash(self, campaign_id: int, code_hash: str) -> list[ProgramRecord]:
         """Programs with this code hash, oldest first; several when a program was migrated."""
@@ -476,8 +484,8 @@ class Store:
         )
         return self._program_records(query)
 
-    def _program_records(self, query: Select[Any]) -> list[ProgramRecord]:
-        query = query.options(selectinload(Program.scores)).order_by(Program.id)
+    def _program_records(self, query: Select[Any], limit: int | None = None) -> list[ProgramRecord]:
+        query = query.options(selectinload(Program.scores)).order_by(Program.id).limit(limit)
         with self._reading() as session:
             return [_program_record(program) for program in session.scalars(query)]
 
