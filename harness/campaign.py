@@ -137,28 +137,10 @@ def run_campaign(
 ) -> int:
     """Run (or resume) the campaign up to `config.iterations` iterations; return its id."""
     campaign_id = open_campaign(store, config, problem)
-    limits = Limits(
-        wall_seconds=config.time_limit or float(problem.time_limit),
-        memory_mb=int(problem.memory_mb),
-    )
     owns_generator = generator is None
     try:
         with Sandbox(workers=config.sandbox_workers) as sandbox:
-            seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
-            objectives = [o.name for o in problem.objectives]
-            campaign = Campaign(
-                config,
-                problem,
-                store,
-                campaign_id,
-                sandbox,
-                limits,
-                seed.id,
-                objectives,
-                Population(objectives),
-                set(store.code_hashes(campaign_id)),
-            )
-            refresh_population(campaign)
+            campaign = prepare(config, store, problem, campaign_id, sandbox)
             done = store.iterations_done(campaign_id)
             if done < config.iterations:
                 if generator is None:
@@ -180,6 +162,32 @@ def run_campaign(
         if owns_generator and generator is not None:
             generator.close()
     return campaign_id
+
+
+def prepare(
+    config: CampaignConfig, store: Store, problem: Problem, campaign_id: int, sandbox: Sandbox
+) -> Campaign:
+    """The seed stored once, and the population and code hashes loaded from the database."""
+    limits = Limits(
+        wall_seconds=config.time_limit or float(problem.time_limit),
+        memory_mb=int(problem.memory_mb),
+    )
+    seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
+    objectives = [o.name for o in problem.objectives]
+    campaign = Campaign(
+        config,
+        problem,
+        store,
+        campaign_id,
+        sandbox,
+        limits,
+        seed.id,
+        objectives,
+        Population(objectives),
+        set(store.code_hashes(campaign_id)),
+    )
+    refresh_population(campaign)
+    return campaign
 
 
 def evolve(

@@ -1,0 +1,206 @@
+"""The campaign loop against a real database, a real sandbox and a real (tiny or small) model."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from harness.campaign import evaluate_and_store, prepare, run_campaign, summary_json
+from harness.config import build
+from harness.db import GroupDraft, Program, RolloutGroup, Trajectory
+from harness.llm import Completion
+from harness.sandbox import Sandbox
+from harness.selection import Selection
+from harness.store import Store
+from problems.circle_packing import SEED_PROGRAM, CirclePacking
+
+
+def fast_settings(model: str, **extra: object) -> dict[str, object]:
+    settings: dict[str, object] = {
+        "problem": "circle_packing",
+        "model": model,
+        "group_size": 2,
+        "candidates": 2,
+        "max_tokens": 24,
+        "workers": 2,
+        "islands": 2,
+        "migration_interval": 2,
+    }
+    settings.update(extra)
+    return settings
+
+
+def check_invariants(store: Store, campaign_id: int, iterations: int, g: int, m: int) -> None:
+    """What must hold after any run, killed or not: each iteration once, nothing orphaned."""
+    with Session(store.engine) as session:
+        groups = session.scalars(
+            select(RolloutGroup).where(RolloutGroup.campaign_id == campaign_id)
+        ).all()
+        assert sorted(group.iteration for group in groups) == list(range(iterations))
+        for group in groups:
+            trajectories = session.scalars(
+                select(Trajectory).where(Trajectory.group_id == group.id)
+            ).all()
+            assert sorted(t.position for t in trajectories) == list(range(g))
+            for trajectory in trajectories:
+                assert [c["index"] for c in trajectory.candidates] == list(range(1, m + 1))
+                assert trajectory.num_tokens == len(trajectory.token_ids)
+                for entry in trajectory.candidates:
+                    assert (entry["program_id"] is None) == (entry["outcome"] == "unparsed")
+        seeds = session.scalar(
+            select(func.count()).where(Program.campaign_id == campaign_id, Program.origin == "seed")
+        )
+        assert seeds == 1
+        # every LLM program belongs to a trajectory slot, and no slot holds two programs
+        slots = session.execute(
+            select(Program.trajectory_id, Program.candidate_index).where(
+                Program.campaign_id == campaign_id, Program.origin == "llm"
+            )
+        ).all()
+        assert all(t is not None for t, _ in slots)
+        assert len(slots) == len(set(slots))
+        # normalised-code duplicates are never evaluated twice
+        hashes = session.execute(
+            select(Program.code_hash, func.count())
+            .where(Program.campaign_id == campaign_id, Program.origin != "migration")
+            .group_by(Program.code_hash)
+        ).all()
+        assert all(count == 1 for _, count in hashes)
+
+
+def test_a_short_campaign_records_every_iteration(tiny_model: str, tmp_path: Path) -> None:
+    config = build(fast_settings(tiny_model, iterations=4))
+    store = Store.open(tmp_path / "campaign.db")
+    seen: list[int] = []
+    campaign_id = run_campaign(
+        config, store, CirclePacking(), on_progress=lambda i, progress: seen.append(i)
+    )
+    check_invariants(store, campaign_id, 4, 2, 2)
+    assert seen[-1] == 4
+    report = summary_json(store, campaign_id)
+    assert report["groups"] == 4 and report["trajectories"] == 8
+    assert report["tokens"] > 0 and report["valid_programs"] >= 1
+    assert set(report["best"]) == {"n26", "n32"}
+    assert store.get_campaign("circle_packing").status == "finished"
+    # resuming a finished campaign with a larger budget continues where it stopped
+    run_campaign(build(fast_settings(tiny_model, iterations=6)), store, CirclePacking())
+    check_invariants(store, campaign_id, 6, 2, 2)
+
+
+def test_best_of_n_always_prompts_with_the_seed(tiny_model: str, tmp_path: Path) -> None:
+    config = build(fast_settings(tiny_model, iterations=3, strategy="best-of-n"))
+    store = Store.open(tmp_path / "campaign.db")
+    campaign_id = run_campaign(config, store, CirclePacking())
+    seed = store.programs(campaign_id, origin="seed")[0]
+    with Session(store.engine) as session:
+        parents = set(session.scalars(select(RolloutGroup.parent_program_id)).all())
+        drafts = session.scalar(select(func.count()).select_from(GroupDraft))
+    assert parents == {seed.id} and drafts == 0
+
+
+def candidate_text(*programs: str) -> str:
+    return "".join(
+        f"<candidate_{i}>\n```python\n{code}\n```\n</candidate_{i}>\n"
+        for i, code in enumerate(programs, start=1)
+    )
+
+
+def test_candidates_are_evaluated_once_and_failures_recorded(tmp_path: Path) -> None:
+    """Completions as data: what a model wrote is parsed, evaluated and stored atomically."""
+    store = Store.open(tmp_path / "campaign.db")
+    problem = CirclePacking()
+    config = build({"problem": "circle_packing", "candidates": 3, "group_size": 2})
+    smaller = SEED_PROGRAM.replace("1 - 1e-12", "0.9")
+    overlapping = SEED_PROGRAM.replace("1 - 1e-12", "1.5")
+    completions = [
+        Completion(
+            candidate_text(smaller, overlapping, "def construct_packing(n:"),
+            (1, 2, 3),
+            None,
+            "stop",
+            (7, 8),
+        ),
+        Completion(
+            candidate_text(smaller + "\n\n", "garbage that is not python"),
+            (4, 5),
+            None,
+            "length",
+            (7, 8),
+        ),
+    ]
+    campaign_id = store.create_campaign("manual", problem.name, config.to_dict(), 0)
+    with Sandbox(workers=2) as sandbox:
+        campaign = prepare(config, store, problem, campaign_id, sandbox)
+        seed = store.program(campaign.seed_id)
+        prompt = [{"role": "user", "content": "improve"}]
+        evaluate_and_store(campaign, 0, Selection(0, seed.id, ()), seed, prompt, completions, [])
+    with Session(store.engine) as session:
+        trajectories = session.scalars(select(Trajectory).order_by(Trajectory.position)).all()
+    first, second = (t.candidates for t in trajectories)
+    assert [c["outcome"] for c in first] == ["new", "new", "new"]
+    assert [c["outcome"] for c in second] == ["duplicate", "new", "unparsed"]
+    assert second[0]["program_id"] == first[0]["program_id"]  # layout noise: same program
+    assert "no candidate 3" in second[2]["reason"]
+    assert len(store.programs(campaign_id, origin="llm")) == 4  # the duplicate is not stored
+    by_id = {p.id: p for p in store.programs(campaign_id)}
+    good = by_id[first[0]["program_id"]]
+    assert good.status == "ok" and good.scores["n26"] == pytest.approx(26 / 12 * 0.9 / 2.63598308)
+    assert by_id[first[1]["program_id"]].status == "invalid"
+    assert "overlap" in by_id[first[1]["program_id"]].error
+    assert by_id[first[2]["program_id"]].status == "error"
+    assert by_id[second[1]["program_id"]].status == "error"  # runs, and fails, in the sandbox
+    assert trajectories[0].parse_status == "ok" and trajectories[1].parse_status == "partial"
+    assert trajectories[1].finish_reason == "length"
+    assert good.parent_id == seed.id and good.generation == 1
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_then_resume(tiny_model: str, tmp_path: Path) -> None:
+    db = tmp_path / "killed.db"
+    args = [
+        sys.executable,
+        "-m",
+        "harness.cli",
+        "run",
+        "circle_packing",
+        "--db",
+        str(db),
+        "--model",
+        tiny_model,
+        "--iterations",
+        "16",
+        "-G",
+        "2",
+        "-m",
+        "2",
+        "--max-tokens",
+        "24",
+        "--workers",
+        "2",
+        "--islands",
+        "2",
+        "--migration-interval",
+        "3",
+    ]
+    rng = random.Random(7)
+    for _ in range(4):
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(3.0, 8.0))
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    finished = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr
+    store = Store.open(db)
+    campaign = store.get_campaign("circle_packing")
+    check_invariants(store, campaign.id, 16, 2, 2)
+    assert campaign.status == "finished"
+    assert len(store.events(campaign.id, "resumed")) >= 1
