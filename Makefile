@@ -21,8 +21,10 @@ $(STAMP): pyproject.toml
 system-deps:
 	bash scripts/install-system-deps.sh
 
+# A short campaign on the embedded SmolLM2-135M-Instruct, on CPU; a fresh database each time.
 demo: install
-	$(BIN)/vpo run circle_packing --db runs/demo.db
+	rm -f runs/demo.db runs/demo.db-wal runs/demo.db-shm
+	$(BIN)/vpo run circle_packing --db runs/demo.db --iterations 6
 
 test: install system-deps
 	$(BIN)/ruff check .
