@@ -211,8 +211,9 @@ def evolve(
             rng = np.random.default_rng([config.seed, iteration])
             refresh_population(campaign)
             selection = choose(campaign, iteration, rng, selection_config)
-            parent = _program(campaign.store, selection.parent_id)
-            drafts = [_program(campaign.store, i) for i in selection.draft_ids]
+            parent, *drafts = campaign.store.programs_by_ids(
+                [selection.parent_id, *selection.draft_ids]
+            )
             prompt = build_prompt(campaign.problem, parent, drafts, config.candidates)
             completions = generate(campaign, generator, prompt, sampling, iteration)
             moving = []
@@ -401,13 +402,6 @@ def _new_program(code: str, evaluation: Evaluation) -> NewProgram:
         eval_seconds=evaluation.seconds,
         metrics={"artifacts": dict(evaluation.artifacts)},
     )
-
-
-def _program(store: Store, program_id: int) -> ProgramRecord:
-    record = store.program(program_id)
-    if record is None:
-        raise UserError(f"program {program_id} vanished from {store.where}")
-    return record
 
 
 def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:

@@ -143,6 +143,8 @@ class Program(Base):
         Index(None, "campaign_id", "code_hash"),
         Index(None, "campaign_id", "status"),
         Index(None, "campaign_id", "island"),
+        # "the programs stored since id X": the incremental refresh of every iteration
+        Index(None, "campaign_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

@@ -21,7 +21,18 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, Select, create_engine, event, func, inspect, select, text, update
+from sqlalchemy import (
+    Engine,
+    Select,
+    create_engine,
+    event,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import Session, selectinload
@@ -44,6 +55,7 @@ from harness.db import (
     Trajectory,
     create_tables,
     dumps_json,
+    utc_now,
 )
 from harness.errors import SchemaError, UserError
 from harness.records import (
@@ -247,90 +259,19 @@ class Store:
                     _check_new_program(candidate.program)
         try:
             with self._writing() as session:
-                parent = session.get(Program, parent_id)
-                if parent is None or parent.campaign_id != campaign_id:
-                    raise ValueError(f"parent program {parent_id} is not in campaign {campaign_id}")
-                group = RolloutGroup(
-                    campaign_id=campaign_id,
-                    iteration=iteration,
-                    island=island,
-                    parent_program_id=parent_id,
-                    prompt=prompt,
-                    prompt_token_ids=None if prompt_token_ids is None else list(prompt_token_ids),
-                    policy_version_id=policy_version_id,
+                return self._write_iteration(
+                    session,
+                    campaign_id,
+                    iteration,
+                    island,
+                    parent_id,
+                    draft_ids,
+                    prompt,
+                    prompt_token_ids,
+                    rollouts,
+                    policy_version_id,
+                    migrations,
                 )
-                session.add(group)
-                session.flush()
-                session.add_all(
-                    GroupDraft(group_id=group.id, position=i, program_id=draft_id)
-                    for i, draft_id in enumerate(draft_ids)
-                )
-                known: dict[str, int] = {}  # code hash -> program id, for this iteration
-                for position, rollout in enumerate(rollouts):
-                    trajectory = Trajectory(
-                        group_id=group.id,
-                        position=position,
-                        completion=rollout.completion.replace("\x00", "\ufffd"),
-                        token_ids=list(rollout.token_ids),
-                        num_tokens=len(rollout.token_ids),
-                        logprobs=None if rollout.logprobs is None else list(rollout.logprobs),
-                        finish_reason=rollout.finish_reason,
-                        policy_version_id=policy_version_id,
-                        parse_status=rollout.parse_status,
-                        parse_error=rollout.parse_error,
-                    )
-                    session.add(trajectory)
-                    session.flush()
-                    entries = []
-                    for candidate in rollout.candidates:
-                        program_id = None
-                        if candidate.program is not None:
-                            new = candidate.program
-                            program_id = _insert_program(
-                                session,
-                                campaign_id,
-                                new.code,
-                                status=new.status,
-                                scores=new.scores,
-                                raw=new.raw,
-                                error=new.error,
-                                parent_id=parent_id,
-                                island=island,
-                                generation=parent.generation + 1,
-                                origin="llm",
-                                eval_seconds=new.eval_seconds,
-                                metrics=new.metrics,
-                                trajectory_id=trajectory.id,
-                                candidate_index=candidate.index,
-                                log=False,
-                            ).id
-                            known[code_hash(new.code)] = program_id
-                        elif candidate.code_hash is not None:
-                            program_id = known.get(candidate.code_hash) or session.scalar(
-                                select(func.min(Program.id)).where(
-                                    Program.campaign_id == campaign_id,
-                                    Program.code_hash == candidate.code_hash,
-                                )
-                            )
-                        entries.append(
-                            {
-                                "index": candidate.index,
-                                "outcome": candidate.outcome,
-                                "program_id": program_id,
-                                "reason": candidate.reason,
-                            }
-                        )
-                    trajectory.candidates = entries
-                for program_id, destination in migrations:
-                    _copy_program(session, campaign_id, program_id, destination)
-                session.add(
-                    Event(
-                        campaign_id=campaign_id,
-                        kind="group_recorded",
-                        payload={"group_id": group.id, "iteration": iteration, "island": island},
-                    )
-                )
-                return group.id
         except IntegrityError:
             with self._reading() as session:
                 taken = session.scalar(
@@ -345,6 +286,169 @@ class Store:
                     "is another process running this campaign?"
                 ) from None
             raise
+
+    def _write_iteration(
+        self,
+        session: Session,
+        campaign_id: int,
+        iteration: int,
+        island: int,
+        parent_id: int,
+        draft_ids: Sequence[int],
+        prompt: list[dict[str, str]],
+        prompt_token_ids: Sequence[int] | None,
+        rollouts: Sequence[RolloutRecord],
+        policy_version_id: int | None,
+        migrations: Sequence[tuple[int, int]],
+    ) -> int:
+        # Bulk statements, not the ORM's unit of work: about ten statements per iteration
+        # whatever G and m are, which keeps the harness's own time per iteration small.
+        parent = session.execute(
+            select(Program.campaign_id, Program.generation).where(Program.id == parent_id)
+        ).one_or_none()
+        if parent is None or parent.campaign_id != campaign_id:
+            raise ValueError(f"parent program {parent_id} is not in campaign {campaign_id}")
+        now = utc_now()
+        group_id = session.execute(
+            insert(RolloutGroup).returning(RolloutGroup.id),
+            [
+                {
+                    "campaign_id": campaign_id,
+                    "iteration": iteration,
+                    "island": island,
+                    "parent_program_id": parent_id,
+                    "prompt": prompt,
+                    "prompt_token_ids": None
+                    if prompt_token_ids is None
+                    else list(prompt_token_ids),
+                    "policy_version_id": policy_version_id,
+                    "created_at": now,
+                }
+            ],
+        ).scalar_one()
+        if draft_ids:
+            session.execute(
+                insert(GroupDraft),
+                [
+                    {"group_id": group_id, "position": i, "program_id": d}
+                    for i, d in enumerate(draft_ids)
+                ],
+            )
+        if not rollouts:
+            return group_id
+        trajectory_ids = session.scalars(
+            insert(Trajectory).returning(Trajectory.id, sort_by_parameter_order=True),
+            [
+                {
+                    "group_id": group_id,
+                    "position": position,
+                    "completion": rollout.completion.replace("\x00", "\ufffd"),
+                    "token_ids": list(rollout.token_ids),
+                    "num_tokens": len(rollout.token_ids),
+                    "logprobs": None if rollout.logprobs is None else list(rollout.logprobs),
+                    "finish_reason": rollout.finish_reason,
+                    "policy_version_id": policy_version_id,
+                    "parse_status": rollout.parse_status,
+                    "parse_error": rollout.parse_error,
+                    "candidates": [],
+                    "created_at": now,
+                }
+                for position, rollout in enumerate(rollouts)
+            ],
+        ).all()
+        fresh = [
+            (position, candidate)
+            for position, rollout in enumerate(rollouts)
+            for candidate in rollout.candidates
+            if candidate.program is not None
+        ]
+        known: dict[str, int] = {}  # code hash -> program id
+        if fresh:
+            program_ids = session.scalars(
+                insert(Program).returning(Program.id, sort_by_parameter_order=True),
+                [
+                    {
+                        "campaign_id": campaign_id,
+                        "code": c.program.code,
+                        "code_hash": code_hash(c.program.code),
+                        "parent_id": parent_id,
+                        "island": island,
+                        "generation": parent.generation + 1,
+                        "origin": "llm",
+                        "status": c.program.status,
+                        "error": None
+                        if c.program.error is None
+                        else c.program.error.replace("\x00", "\\x00"),
+                        "eval_seconds": c.program.eval_seconds,
+                        "trajectory_id": trajectory_ids[position],
+                        "candidate_index": c.index,
+                        "metrics": c.program.metrics,
+                        "created_at": now,
+                    }
+                    for position, c in fresh
+                ],
+            ).all()
+            session.execute(
+                insert(Score),
+                [
+                    {
+                        "program_id": program_id,
+                        "objective": objective,
+                        "value": float(value),
+                        "raw": _float_or_none(c.program.raw.get(objective)),
+                    }
+                    for program_id, (_, c) in zip(program_ids, fresh, strict=True)
+                    for objective, value in c.program.scores.items()
+                ],
+            )
+            for program_id, (_, c) in zip(program_ids, fresh, strict=True):
+                known.setdefault(code_hash(c.program.code), program_id)
+        wanted = {
+            c.code_hash
+            for r in rollouts
+            for c in r.candidates
+            if c.outcome == "duplicate" and c.code_hash is not None and c.code_hash not in known
+        }
+        if wanted:
+            known.update(
+                session.execute(
+                    select(Program.code_hash, func.min(Program.id))
+                    .where(Program.campaign_id == campaign_id, Program.code_hash.in_(wanted))
+                    .group_by(Program.code_hash)
+                )
+                .tuples()
+                .all()
+            )
+        session.execute(
+            update(Trajectory),
+            [
+                {
+                    "id": trajectory_id,
+                    "candidates": [
+                        {
+                            "index": c.index,
+                            "outcome": c.outcome,
+                            "program_id": None
+                            if c.outcome == "unparsed"
+                            else known.get(c.code_hash or ""),
+                            "reason": c.reason,
+                        }
+                        for c in rollout.candidates
+                    ],
+                }
+                for trajectory_id, rollout in zip(trajectory_ids, rollouts, strict=True)
+            ],
+        )
+        for program_id, destination in migrations:
+            _copy_program(session, campaign_id, program_id, destination)
+        session.add(
+            Event(
+                campaign_id=campaign_id,
+                kind="group_recorded",
+                payload={"group_id": group_id, "iteration": iteration, "island": island},
+            )
+        )
+        return group_id
 
     def iterations_done(self, campaign_id: int) -> int:
         with self._reading() as session:
@@ -377,7 +481,7 @@ class Store:
                 for program_id, objective, value in session.execute(
                     select(Score.program_id, Score.objective, Score.value)
                     .join(Program, Program.id == Score.program_id)
-                    .where(Program.campaign_id == campaign_id, Program.id > after_id)
+                    .where(Score.program_id > after_id, Program.campaign_id == campaign_id)
                 ):
                     j = column.get(objective)
                     if j is not None:
@@ -476,6 +580,19 @@ class Store:
             _check_choice("program origin", origin, PROGRAM_ORIGINS)
             query = query.where(Program.origin == origin)
         return self._program_records(query, limit)
+
+    def programs_by_ids(self, ids: Sequence[int]) -> list[ProgramRecord]:
+        """Programs in the order of `ids` (a parent and its drafts), in one round trip."""
+        if not ids:
+            return []
+        found = {
+            record.id: record
+            for record in self._program_records(select(Program).where(Program.id.in_(ids)))
+        }
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise ValueError(f"no programs with ids {missing}")
+        return [found[i] for i in ids]
 
     def find_by_hash(self, campaign_id: int, code_hash: str) -> list[ProgramRecord]:
         """Programs with this code hash, oldest first; several when a program was migrated."""

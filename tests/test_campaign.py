@@ -149,13 +149,13 @@ def test_candidates_are_evaluated_once_and_failures_recorded(tmp_path: Path) -> 
     assert [c["outcome"] for c in first] == ["new", "new", "new"]
     assert [c["outcome"] for c in second] == ["duplicate", "new", "unparsed"]
     assert second[0]["program_id"] == first[0]["program_id"]  # layout noise: same program
-    assert "no candidate 3" in second[2]["reason"]
+    assert "no <candidate_3>" in second[2]["reason"]
     assert len(store.programs(campaign_id, origin="llm")) == 4  # the duplicate is not stored
     by_id = {p.id: p for p in store.programs(campaign_id)}
     good = by_id[first[0]["program_id"]]
     assert good.status == "ok" and good.scores["n26"] == pytest.approx(26 / 12 * 0.9 / 2.63598308)
     assert by_id[first[1]["program_id"]].status == "invalid"
-    assert "overlap" in by_id[first[1]["program_id"]].error
+    assert "n26: circle" in by_id[first[1]["program_id"]].error
     assert by_id[first[2]["program_id"]].status == "error"
     assert by_id[second[1]["program_id"]].status == "error"  # runs, and fails, in the sandbox
     assert trajectories[0].parse_status == "ok" and trajectories[1].parse_status == "partial"
