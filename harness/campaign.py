@@ -144,12 +144,10 @@ def run_campaign(
             done = store.iterations_done(campaign_id)
             if done < config.iterations:
                 if generator is None:
-                    generator = make_generator(
-                        config.backend,
-                        config.model,
-                        base_url=config.base_url,
-                        api_key_env=config.api_key_env,
-                    )
+                    options: dict[str, Any] = {}
+                    if config.backend == "openai":
+                        options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
+                    generator = make_generator(config.backend, config.model, **options)
                 evolve(campaign, generator, done, on_progress)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
