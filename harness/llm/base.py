@@ -1,0 +1,93 @@
+"""What every generator backend takes and returns; no backend library is imported here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": ...}
+
+
+class GenerationError(Exception):
+    """A generation request failed where a retry may succeed (an endpoint error, a timeout).
+
+    Not a UserError: the campaign records it and retries; the message is one line.
+    """
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.8  # 0 samples greedily
+    top_p: float = 0.95
+    max_tokens: int = 1024
+    seed: int | None = None  # the same seed, prompts and n give the same completions
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str  # the completion only, without the stop marker
+    # Completion token ids as sampled, the stop token included when finish_reason is "stop"
+    # (the policy has to learn to stop); empty when an endpoint does not return ids.
+    token_ids: tuple[int, ...]
+    # Log-prob of each token in token_ids under the distribution it was sampled from
+    # (temperature and top-p applied); None where the backend does not give them.
+    logprobs: tuple[float, ...] | None
+    finish_reason: str  # "stop" or "length"
+    prompt_token_ids: tuple[int, ...] | None
+
+
+class Generator(Protocol):
+    backend: str
+    model: str  # what the user asked for, e.g. "smollm2" or a folder
+
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
+    ) -> list[list[Completion]]:
+        """n completions for each prompt, in prompt order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# Markers that end an assistant turn in common chat templates. A converted GGUF may name the
+# wrong eos in its tokenizer, so the in-process backends stop at any of these that exist.
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, eos: int | list[int] | None) -> set[int]:
+    """The token ids that end a completion: the model's eos plus known end-of-turn markers."""
+    stops = {eos} if isinstance(eos, int) else set(eos or ())
+    if tokenizer.eos_token_id is not None:
+        stops.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    stops.update(vocab[marker] for marker in END_OF_TURN if marker in vocab)
+    # Some GGUF tokenizers name the start-of-turn marker as eos; stopping there is never right.
+    for marker in ("<|im_start|>", "<start_of_turn>"):
+        stops.discard(vocab.get(marker, -1))
+    return stops
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
+    """Token ids of the chat-templated prompt, ending where the assistant's answer starts."""
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    # The template already wrote any bos it wants; the tokenizer must not add a second one.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def check_request(prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling) -> None:
+    """Reject requests no backend can serve, with the same message everywhere."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if sampling.max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
+    if not 0.0 < sampling.top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+    if sampling.temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
+    for messages in prompts:
+        if not messages:
+            raise ValueError("a prompt needs at least one message")

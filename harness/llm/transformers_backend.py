@@ -1,0 +1,300 @@
+"""In-process sampling with a Hugging Face model: the CPU default, and the backend that shares its
+weights with the trainer (wrap the trainer's model and tokenizer; updates show up at once).
+
+The decoding loop is written out rather than calling `model.generate`, for three reasons an RL
+loop cares about: the log-prob of each sampled token comes from the exact distribution it was
+drawn from (temperature and top-p applied) without keeping a vocab-sized score per step; the n
+samples of a prompt share one prefill of the (long) prompt; and rows that finished are dropped
+from the batch instead of being computed until the longest one ends.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from harness.errors import UserError
+from harness.llm.base import (
+    Completion,
+    Message,
+    Sampling,
+    chat_prompt_ids,
+    check_request,
+    stop_token_ids,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# Rows decoded together; SmolLM2's KV cache is ~23 KB a token, so 64 rows of 2k tokens is ~3 GB.
+DEFAULT_BATCH_ROWS = 64
+# Dropping finished rows copies the whole KV cache; do it once a quarter of the batch is idle.
+_PRUNE_FRACTION = 0.25
+
+
+class TransformersGenerator:
+    backend = "transformers"
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        hf_model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        dtype: str | None = None,
+        device: str | None = None,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        cache_dir: str | None = None,
+    ) -> None:
+        """Load `model` (see `trainer.models.resolve_model`), or wrap an already-loaded one.
+
+        With `hf_model` and `tokenizer` given, `model` is only the name reported back.
+        """
+        from trainer.models import ModelError, load_model, load_tokenizer
+
+        self.model = model
+        self.batch_rows = max(1, batch_rows)
+        try:
+            self.tokenizer = tokenizer or load_tokenizer(model, cache_dir)
+            self.hf_model = hf_model or load_model(
+                model, dtype=dtype, device=device, cache_dir=cache_dir
+            )
+        except ModelError as error:
+            raise UserError(str(error)) from None
+        eos = self.hf_model.generation_config.eos_token_id
+        self.stops = stop_token_ids(self.tokenizer, eos)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else min(self.stops)
+
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
+    ) -> list[list[Completion]]:
+        import torch
+
+        check_request(prompts, n, sampling)
+        prompt_ids = [chat_prompt_ids(self.tokenizer, messages) for messages in prompts]
+        device = next(self.hf_model.parameters()).device
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
+        rng = torch.Generator(device=device).manual_seed(seed)
+        completions: list[list[Completion]] = [[] for _ in prompts]
+        was_training = self.hf_model.training
+        self.hf_model.eval()  # the trainer's model may be in train mode (dropout, no KV cache)
+        try:
+            for batch in _batches(len(prompts), n, self.batch_rows):
+                rows = _sample(
+                    self.hf_model,
+                    [prompt_ids[i] for i, _ in batch],
+                    [copies for _, copies in batch],
+                    sampling,
+                    self.stops,
+                    self.pad_id,
+                    rng,
+                )
+                owners = [i for i, copies in batch for _ in range(copies)]
+                for owner, (tokens, logprobs, finish) in zip(owners, rows, strict=True):
+                    completions[owner].append(
+                        self._completion(tokens, logprobs, finish, prompt_ids[owner])
+                    )
+        finally:
+            self.hf_model.train(was_training)
+        return completions
+
+    def _completion(
+        self, tokens: list[int], logprobs: list[float], finish: str, prompt: list[int]
+    ) -> Completion:
+        visible = tokens[:-1] if finish == "stop" else tokens
+        return Completion(
+            text=self.tokenizer.decode(
+                visible, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ),
+            token_ids=tuple(tokens),
+            logprobs=tuple(logprobs),
+            finish_reason=finish,
+            prompt_token_ids=tuple(prompt),
+        )
+
+    def close(self) -> None:
+        # The weights may be the trainer's; dropping our reference is all we may do.
+        self.hf_model = None  # type: ignore[assignment]
+
+
+def _batches(prompts: int, n: int, rows: int) -> list[list[tuple[int, int]]]:
+    """Group (prompt index, copies) so that each batch decodes at most `rows` rows."""
+    batches: list[list[tuple[int, int]]] = []
+    current: list[tuple[int, int]] = []
+    used = 0
+    for index in range(prompts):
+        left = n
+        while left:
+            take = min(left, rows - used)
+            current.append((index, take))
+            used += take
+            left -= take
+            if used == rows:
+                batches.append(current)
+                current, used = [], 0
+    if current:
+        batches.append(current)
+    return batches
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Log-probs (B, V) of the distribution tokens are drawn from: softmax(logits / T) cut to the
+    smallest set of top tokens whose mass reaches top_p, renormalised; cut tokens get -inf.
+
+    The reference for what `sample_tokens` draws from (tests and the trainer compare with it).
+    """
+    import torch
+
+    logp = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    if top_p >= 1.0:
+        return logp
+    sorted_logp, order = logp.sort(dim=-1, descending=True)
+    probs = sorted_logp.exp()
+    # A token is cut when the tokens ranked above it already hold top_p of the mass.
+    cut_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
+    cut = torch.zeros_like(cut_sorted).scatter(-1, order, cut_sorted)
+    logp = logp.masked_fill(cut, float("-inf"))
+    return logp - logp.logsumexp(dim=-1, keepdim=True)
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row from `sampling_logprobs(logits, ...)`; returns (tokens, logprobs).
+
+    A full sort of a 49k vocabulary per step costs as much as the forward pass on CPU, so the
+    nucleus is looked for in the top 1024 tokens first and only rows whose nucleus reaches past
+    them are sorted in full. Draws are inverse-CDF with one uniform per row, which is both exact
+    and cheaper than torch.multinomial over the vocabulary.
+    """
+    import torch
+
+    logp = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    uniform = torch.rand((logp.shape[0], 1), generator=rng, device=logp.device)
+    if top_p >= 1.0:
+        cdf = logp.exp().cumsum(dim=-1)
+        pick = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp(max=logp.shape[1] - 1)
+        return pick.squeeze(1), logp.gather(1, pick).squeeze(1)
+    top_logp, top_ids = logp.topk(min(1024, logp.shape[1]), dim=-1)
+    tokens, logprobs = _nucleus_draw(top_logp, top_ids, top_p, uniform)
+    wide = top_logp.exp().sum(dim=-1) < top_p
+    if bool(wide.any()):
+        full_logp, full_ids = logp[wide].sort(dim=-1, descending=True)
+        tokens[wide], logprobs[wide] = _nucleus_draw(full_logp, full_ids, top_p, uniform[wide])
+    return tokens, logprobs
+
+
+def _nucleus_draw(
+    sorted_logp: torch.Tensor, sorted_ids: torch.Tensor, top_p: float, uniform: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    probs = sorted_logp.exp()
+    kept = (probs.cumsum(dim=-1) - probs) < top_p  # the first token is always kept
+    probs = probs * kept
+    cdf = probs.cumsum(dim=-1)
+    mass = cdf[:, -1:]
+    last = kept.sum(dim=-1, keepdim=True) - 1
+    pick = torch.minimum(torch.searchsorted(cdf, uniform * mass), last)
+    token = sorted_ids.gather(1, pick).squeeze(1)
+    return token, (sorted_logp.gather(1, pick) - mass.log()).squeeze(1)
+
+
+def _sample(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    copies: list[int],
+    sampling: Sampling,
+    stops: set[int],
+    pad_id: int,
+    rng: torch.Generator,
+) -> list[tuple[list[int], list[float], str]]:
+    """Decode copies[i] samples of prompts[i]; returns (tokens, logprobs, finish) per row."""
+    import torch
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    # Left padding, so every row's next token goes in the same (last) column.
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        # Prefill each prompt once; its samples then share the cached prompt.
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        expand = torch.repeat_interleave(
+            torch.arange(len(prompts), device=device), torch.tensor(copies, device=device)
+        )
+        cache.batch_select_indices(expand)
+        logits = out.logits[:, -1, :][expand]
+        mask = mask[expand]
+        next_position = positions[expand, -1:] + 1
+        stop_ids = torch.tensor(sorted(stops), device=device)
+
+        rows = int(expand.numel())
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        logprobs: list[list[float]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows
+        live = torch.arange(rows, device=device)  # the row each batch position decodes
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        for step in range(sampling.max_tokens):
+            if sampling.temperature == 0:
+                # Greedy: report the log-prob under the untempered model.
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                chosen = logp.argmax(dim=-1)
+                chosen_logp = logp.gather(1, chosen[:, None]).squeeze(1)
+            else:
+                chosen, chosen_logp = sample_tokens(
+                    logits, sampling.temperature, sampling.top_p, rng
+                )
+            active = ~finished
+            for row, token, value in zip(
+                live[active].tolist(),
+                chosen[active].tolist(),
+                chosen_logp[active].tolist(),
+                strict=True,
+            ):
+                tokens[row].append(token)
+                logprobs[row].append(value)
+            stopped = active & torch.isin(chosen, stop_ids)
+            for row in live[stopped].tolist():
+                finish[row] = "stop"
+            finished |= stopped
+            if bool(finished.all()) or step == sampling.max_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if int(finished.sum()) >= max(1, int(_PRUNE_FRACTION * live.numel())):
+                keep = (~finished).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                live, chosen, mask, next_position = (
+                    live[keep],
+                    chosen[keep],
+                    mask[keep],
+                    next_position[keep],
+                )
+                finished = finished[keep]
+            out = model(
+                input_ids=chosen[:, None],
+                attention_mask=mask,
+                position_ids=next_position,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = out.logits[:, -1, :]
+            next_position = next_position + 1
+    return [(tokens[row], logprobs[row], finish[row]) for row in range(rows)]

