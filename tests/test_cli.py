@@ -172,10 +172,10 @@ def test_run_stores_the_seed_once_and_resumes(tmp_path: Path) -> None:
     from harness.store import Store
 
     db = tmp_path / "campaign.db"
-    first = vpo("run", "circle_packing", "--db", str(db))
+    first = vpo("run", "circle_packing", "--db", str(db), "--iterations", "0")
     assert first.returncode == 0, first.stderr
     assert "created" in first.stdout and "n32" in first.stdout
-    second = vpo("run", "circle_packing", "--db", str(db))
+    second = vpo("run", "circle_packing", "--db", str(db), "--iterations", "0")
     assert second.returncode == 0, second.stderr
     assert "resumed" in second.stdout
     store = Store.open(str(db))
