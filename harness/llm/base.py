@@ -34,7 +34,8 @@ class Completion:
     # (the policy has to learn to stop); empty when an endpoint does not return ids.
     token_ids: tuple[int, ...]
     # Log-prob of each token in token_ids under the distribution it was sampled from
-    # (temperature and top-p applied); None where the backend does not give them.
+    # (temperature and top-p applied; greedy decoding reports the untempered model's);
+    # None where the backend does not give them.
     logprobs: tuple[float, ...] | None
     finish_reason: str  # "stop" or "length"
     prompt_token_ids: tuple[int, ...] | None

@@ -42,7 +42,7 @@ class VLLMGenerator:
         model: str = "smollm2",
         *,
         dtype: str | None = None,
-        max_model_len: int | None = 8192,
+        max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: float | None = None,
         enforce_eager: bool | None = None,
