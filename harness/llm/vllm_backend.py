@@ -96,6 +96,10 @@ class VLLMGenerator:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
             self.engine: LLM = LLM(model=folder, **options)
+        except (OSError, ValueError, RuntimeError) as error:
+            # A hub id without network, an architecture vLLM lacks, too little memory, ...
+            lines = str(error).strip().splitlines() or [type(error).__name__]
+            raise UserError(f"vLLM cannot start on {model}: {lines[0]}") from None
         finally:
             if ours:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
