@@ -1,11 +1,12 @@
 """Generation speed of each backend with the embedded SmolLM2, at n=4 and n=16 per prompt.
 
     python benchmarks/generation_speed.py [--backends transformers,vllm,openai]
-                                          [--max-tokens 128] [--prompts 1]
+                                          [--max-tokens 128] [--prompts 1] [--repeats 2]
 
-Each row is one `generate(prompts, n, sampling)` call after a warm-up call, as the campaign
-makes it (one prompt, a group of n rollouts): completion tokens over wall time. The prompt is
-campaign-like, a program to improve (~500 tokens). Completions that stop early count only the
+Each row is the fastest of `repeats` `generate(prompts, n, sampling)` calls after a warm-up
+call, as the campaign makes them (one prompt, a group of n rollouts): completion tokens over
+wall time. The prompt is
+campaign-like, a program to improve (259 tokens). Completions that stop early count only the
 tokens they had. "openai" starts a `vllm serve` on 127.0.0.1 and talks to it over HTTP.
 
 Prints a table and writes it to benchmarks/results/generation_speed.md. Nothing else should run
@@ -108,16 +109,23 @@ def wait_ready(server: subprocess.Popen[bytes], base_url: str, log: Path) -> Non
 
 
 def measure(
-    generator: Generator, n: int, prompts: int, sampling: Sampling
+    generator: Generator, n: int, prompts: int, sampling: Sampling, repeats: int
 ) -> tuple[int, float, int]:
-    """(completion tokens, seconds, completions that stopped before max_tokens)."""
+    """(completion tokens, seconds, completions that stopped before max_tokens) of the fastest
+    of `repeats` calls: on a shared machine the slower ones measure the neighbours."""
     generator.generate([PROMPT], 2, Sampling(max_tokens=8, seed=0))  # warm-up
-    started = time.perf_counter()
-    groups = generator.generate([PROMPT] * prompts, n, sampling)
-    seconds = time.perf_counter() - started
-    completions = [c for group in groups for c in group]
-    tokens = sum(len(c.token_ids) or len(c.logprobs or ()) for c in completions)
-    return tokens, seconds, sum(c.finish_reason == "stop" for c in completions)
+    best: tuple[int, float, int] | None = None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        groups = generator.generate([PROMPT] * prompts, n, sampling)
+        seconds = time.perf_counter() - started
+        completions = [c for group in groups for c in group]
+        tokens = sum(len(c.token_ids) or len(c.logprobs or ()) for c in completions)
+        stopped = sum(c.finish_reason == "stop" for c in completions)
+        if best is None or tokens / seconds > best[0] / best[1]:
+            best = (tokens, seconds, stopped)
+    assert best is not None
+    return best
 
 
 def main() -> None:
@@ -125,6 +133,7 @@ def main() -> None:
     parser.add_argument("--backends", default="transformers,vllm,openai")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=1, help="prompts per call (default 1)")
+    parser.add_argument("--repeats", type=int, default=2, help="calls per row; the fastest counts")
     args = parser.parse_args()
     backends = args.backends.split(",")
     sampling = Sampling(temperature=0.8, top_p=0.95, max_tokens=args.max_tokens, seed=1)
@@ -152,7 +161,9 @@ def main() -> None:
         startup = time.perf_counter() - started
         try:
             for n in (4, 16):
-                tokens, seconds, stopped = measure(generator, n, args.prompts, sampling)
+                tokens, seconds, stopped = measure(
+                    generator, n, args.prompts, sampling, args.repeats
+                )
                 rows.append((backend, n, args.prompts, tokens, seconds, stopped, startup))
                 print(
                     f"{backend:12} n={n:<3} {tokens:6d} tokens {seconds:7.1f} s "
@@ -174,9 +185,9 @@ def main() -> None:
         f"{torch.backends.cpu.get_cpu_capability()}, cuda: {torch.cuda.is_available()}",
         f"- dtype: {dtype} (bf16 only where the hardware multiplies it natively)",
         f"- command: `python benchmarks/generation_speed.py --max-tokens {args.max_tokens} "
-        f"--prompts {args.prompts}`",
-        "- one campaign-like prompt (~500 tokens) per call, temperature 0.8, top_p 0.95, "
-        "after a warm-up call; tok/s = completion tokens / wall seconds of the call",
+        f"--prompts {args.prompts} --repeats {args.repeats}`",
+        "- one campaign-like prompt (259 tokens) per call, temperature 0.8, top_p 0.95, after "
+        "a warm-up call; tok/s = completion tokens / wall seconds of the fastest of the calls",
         "",
         "| backend | n | prompts | tokens | seconds | tok/s | stopped early | start s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
