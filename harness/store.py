@@ -24,11 +24,13 @@ import numpy as np
 from sqlalchemy import (
     Engine,
     Select,
+    bindparam,
     create_engine,
     event,
     func,
     insert,
     inspect,
+    literal,
     select,
     text,
     update,
@@ -258,9 +260,9 @@ class Store:
                 if candidate.program is not None:
                     _check_new_program(candidate.program)
         try:
-            with self._writing() as session:
-                return self._write_iteration(
-                    session,
+            with self._write_engine.begin() as connection:
+                return _write_iteration(
+                    connection,
                     campaign_id,
                     iteration,
                     island,
@@ -286,169 +288,6 @@ class Store:
                     "is another process running this campaign?"
                 ) from None
             raise
-
-    def _write_iteration(
-        self,
-        session: Session,
-        campaign_id: int,
-        iteration: int,
-        island: int,
-        parent_id: int,
-        draft_ids: Sequence[int],
-        prompt: list[dict[str, str]],
-        prompt_token_ids: Sequence[int] | None,
-        rollouts: Sequence[RolloutRecord],
-        policy_version_id: int | None,
-        migrations: Sequence[tuple[int, int]],
-    ) -> int:
-        # Bulk statements, not the ORM's unit of work: about ten statements per iteration
-        # whatever G and m are, which keeps the harness's own time per iteration small.
-        parent = session.execute(
-            select(Program.campaign_id, Program.generation).where(Program.id == parent_id)
-        ).one_or_none()
-        if parent is None or parent.campaign_id != campaign_id:
-            raise ValueError(f"parent program {parent_id} is not in campaign {campaign_id}")
-        now = utc_now()
-        group_id = session.execute(
-            insert(RolloutGroup).returning(RolloutGroup.id),
-            [
-                {
-                    "campaign_id": campaign_id,
-                    "iteration": iteration,
-                    "island": island,
-                    "parent_program_id": parent_id,
-                    "prompt": prompt,
-                    "prompt_token_ids": None
-                    if prompt_token_ids is None
-                    else list(prompt_token_ids),
-                    "policy_version_id": policy_version_id,
-                    "created_at": now,
-                }
-            ],
-        ).scalar_one()
-        if draft_ids:
-            session.execute(
-                insert(GroupDraft),
-                [
-                    {"group_id": group_id, "position": i, "program_id": d}
-                    for i, d in enumerate(draft_ids)
-                ],
-            )
-        if not rollouts:
-            return group_id
-        trajectory_ids = session.scalars(
-            insert(Trajectory).returning(Trajectory.id, sort_by_parameter_order=True),
-            [
-                {
-                    "group_id": group_id,
-                    "position": position,
-                    "completion": rollout.completion.replace("\x00", "\ufffd"),
-                    "token_ids": list(rollout.token_ids),
-                    "num_tokens": len(rollout.token_ids),
-                    "logprobs": None if rollout.logprobs is None else list(rollout.logprobs),
-                    "finish_reason": rollout.finish_reason,
-                    "policy_version_id": policy_version_id,
-                    "parse_status": rollout.parse_status,
-                    "parse_error": rollout.parse_error,
-                    "candidates": [],
-                    "created_at": now,
-                }
-                for position, rollout in enumerate(rollouts)
-            ],
-        ).all()
-        fresh = [
-            (position, candidate)
-            for position, rollout in enumerate(rollouts)
-            for candidate in rollout.candidates
-            if candidate.program is not None
-        ]
-        known: dict[str, int] = {}  # code hash -> program id
-        if fresh:
-            program_ids = session.scalars(
-                insert(Program).returning(Program.id, sort_by_parameter_order=True),
-                [
-                    {
-                        "campaign_id": campaign_id,
-                        "code": c.program.code,
-                        "code_hash": code_hash(c.program.code),
-                        "parent_id": parent_id,
-                        "island": island,
-                        "generation": parent.generation + 1,
-                        "origin": "llm",
-                        "status": c.program.status,
-                        "error": None
-                        if c.program.error is None
-                        else c.program.error.replace("\x00", "\\x00"),
-                        "eval_seconds": c.program.eval_seconds,
-                        "trajectory_id": trajectory_ids[position],
-                        "candidate_index": c.index,
-                        "metrics": c.program.metrics,
-                        "created_at": now,
-                    }
-                    for position, c in fresh
-                ],
-            ).all()
-            session.execute(
-                insert(Score),
-                [
-                    {
-                        "program_id": program_id,
-                        "objective": objective,
-                        "value": float(value),
-                        "raw": _float_or_none(c.program.raw.get(objective)),
-                    }
-                    for program_id, (_, c) in zip(program_ids, fresh, strict=True)
-                    for objective, value in c.program.scores.items()
-                ],
-            )
-            for program_id, (_, c) in zip(program_ids, fresh, strict=True):
-                known.setdefault(code_hash(c.program.code), program_id)
-        wanted = {
-            c.code_hash
-            for r in rollouts
-            for c in r.candidates
-            if c.outcome == "duplicate" and c.code_hash is not None and c.code_hash not in known
-        }
-        if wanted:
-            known.update(
-                session.execute(
-                    select(Program.code_hash, func.min(Program.id))
-                    .where(Program.campaign_id == campaign_id, Program.code_hash.in_(wanted))
-                    .group_by(Program.code_hash)
-                )
-                .tuples()
-                .all()
-            )
-        session.execute(
-            update(Trajectory),
-            [
-                {
-                    "id": trajectory_id,
-                    "candidates": [
-                        {
-                            "index": c.index,
-                            "outcome": c.outcome,
-                            "program_id": None
-                            if c.outcome == "unparsed"
-                            else known.get(c.code_hash or ""),
-                            "reason": c.reason,
-                        }
-                        for c in rollout.candidates
-                    ],
-                }
-                for trajectory_id, rollout in zip(trajectory_ids, rollouts, strict=True)
-            ],
-        )
-        for program_id, destination in migrations:
-            _copy_program(session, campaign_id, program_id, destination)
-        session.add(
-            Event(
-                campaign_id=campaign_id,
-                kind="group_recorded",
-                payload={"group_id": group_id, "iteration": iteration, "island": island},
-            )
-        )
-        return group_id
 
     def iterations_done(self, campaign_id: int) -> int:
         with self._reading() as session:
@@ -582,13 +421,19 @@ class Store:
         return self._program_records(query, limit)
 
     def programs_by_ids(self, ids: Sequence[int]) -> list[ProgramRecord]:
-        """Programs in the order of `ids` (a parent and its drafts), in one round trip."""
+        """Programs in the order of `ids` (a parent and its drafts): two Core queries."""
         if not ids:
             return []
-        found = {
-            record.id: record
-            for record in self._program_records(select(Program).where(Program.id.in_(ids)))
-        }
+        with self._engine.connect() as connection:
+            rows = connection.execute(select(_PROGRAM).where(_PROGRAM.c.id.in_(ids))).all()
+            scores: dict[int, list[Any]] = {}
+            for score in connection.execute(
+                select(_SCORE)
+                .where(_SCORE.c.program_id.in_(ids))
+                .order_by(_SCORE.c.program_id, _SCORE.c.objective)
+            ):
+                scores.setdefault(score.program_id, []).append(score)
+        found = {row.id: _program_row_record(row, scores.get(row.id, [])) for row in rows}
         missing = [i for i in ids if i not in found]
         if missing:
             raise ValueError(f"no programs with ids {missing}")
@@ -711,28 +556,272 @@ def _insert_program(
     return program
 
 
-def _copy_program(session: Session, campaign_id: int, program_id: int, island: int) -> Program:
+# Iterations are written with Core statements on one connection, not through the ORM's unit of
+# work: about ten statements per iteration whatever G and m are, and no per-row ORM bookkeeping,
+# which keeps the harness's own time per iteration small (benchmarks/harness_overhead.py).
+_PROGRAM = Program.__table__
+_SCORE = Score.__table__
+_GROUP = RolloutGroup.__table__
+_DRAFT = GroupDraft.__table__
+_TRAJECTORY = Trajectory.__table__
+_EVENT = Event.__table__
+
+
+def _write_iteration(
+    connection: Connection,
+    campaign_id: int,
+    iteration: int,
+    island: int,
+    parent_id: int,
+    draft_ids: Sequence[int],
+    prompt: list[dict[str, str]],
+    prompt_token_ids: Sequence[int] | None,
+    rollouts: Sequence[RolloutRecord],
+    policy_version_id: int | None,
+    migrations: Sequence[tuple[int, int]],
+) -> int:
+    parent = connection.execute(
+        select(_PROGRAM.c.campaign_id, _PROGRAM.c.generation).where(_PROGRAM.c.id == parent_id)
+    ).one_or_none()
+    if parent is None or parent.campaign_id != campaign_id:
+        raise ValueError(f"parent program {parent_id} is not in campaign {campaign_id}")
+    now = utc_now()
+    group_id = connection.execute(
+        insert(_GROUP).returning(_GROUP.c.id),
+        {
+            "campaign_id": campaign_id,
+            "iteration": iteration,
+            "island": island,
+            "parent_program_id": parent_id,
+            "prompt": prompt,
+            "prompt_token_ids": None if prompt_token_ids is None else list(prompt_token_ids),
+            "policy_version_id": policy_version_id,
+            "created_at": now,
+        },
+    ).scalar_one()
+    if draft_ids:
+        connection.execute(
+            insert(_DRAFT),
+            [
+                {"group_id": group_id, "position": i, "program_id": d}
+                for i, d in enumerate(draft_ids)
+            ],
+        )
+    if rollouts:
+        _write_rollouts(
+            connection,
+            campaign_id,
+            group_id,
+            island,
+            parent_id,
+            parent.generation + 1,
+            rollouts,
+            policy_version_id,
+            now,
+        )
+    for program_id, destination in migrations:
+        _copy_program(connection, campaign_id, program_id, destination)
+    connection.execute(
+        insert(_EVENT),
+        {
+            "campaign_id": campaign_id,
+            "kind": "group_recorded",
+            "payload": {"group_id": group_id, "iteration": iteration, "island": island},
+            "created_at": now,
+        },
+    )
+    return group_id
+
+
+def _write_rollouts(
+    connection: Connection,
+    campaign_id: int,
+    group_id: int,
+    island: int,
+    parent_id: int,
+    generation: int,
+    rollouts: Sequence[RolloutRecord],
+    policy_version_id: int | None,
+    now: Any,
+) -> None:
+    trajectory_ids = _insert_returning_ids(
+        connection,
+        _TRAJECTORY,
+        [
+            {
+                "group_id": group_id,
+                "position": position,
+                "completion": rollout.completion.replace("\x00", "\ufffd"),
+                "token_ids": list(rollout.token_ids),
+                "num_tokens": len(rollout.token_ids),
+                "logprobs": None if rollout.logprobs is None else list(rollout.logprobs),
+                "finish_reason": rollout.finish_reason,
+                "policy_version_id": policy_version_id,
+                "parse_status": rollout.parse_status,
+                "parse_error": rollout.parse_error,
+                "candidates": [],
+                "created_at": now,
+            }
+            for position, rollout in enumerate(rollouts)
+        ],
+    )
+    fresh = [
+        (position, candidate)
+        for position, rollout in enumerate(rollouts)
+        for candidate in rollout.candidates
+        if candidate.program is not None
+    ]
+    known: dict[str, int] = {}  # code hash -> program id
+    if fresh:
+        hashes = [code_hash(c.program.code) for _, c in fresh]
+        program_ids = _insert_returning_ids(
+            connection,
+            _PROGRAM,
+            [
+                {
+                    "campaign_id": campaign_id,
+                    "code": c.program.code,
+                    "code_hash": digest,
+                    "parent_id": parent_id,
+                    "island": island,
+                    "generation": generation,
+                    "origin": "llm",
+                    "status": c.program.status,
+                    "error": None
+                    if c.program.error is None
+                    else c.program.error.replace("\x00", "\\x00"),
+                    "eval_seconds": c.program.eval_seconds,
+                    "trajectory_id": trajectory_ids[position],
+                    "candidate_index": c.index,
+                    "metrics": c.program.metrics,
+                    "created_at": now,
+                }
+                for (position, c), digest in zip(fresh, hashes, strict=True)
+            ],
+        )
+        scores = [
+            {
+                "program_id": program_id,
+                "objective": objective,
+                "value": float(value),
+                "raw": _float_or_none(c.program.raw.get(objective)),
+            }
+            for program_id, (_, c) in zip(program_ids, fresh, strict=True)
+            for objective, value in c.program.scores.items()
+        ]
+        if scores:
+            connection.execute(insert(_SCORE), scores)
+        for program_id, digest in zip(program_ids, hashes, strict=True):
+            known.setdefault(digest, program_id)
+    wanted = {
+        c.code_hash
+        for r in rollouts
+        for c in r.candidates
+        if c.outcome == "duplicate" and c.code_hash is not None and c.code_hash not in known
+    }
+    if wanted:
+        known.update(
+            connection.execute(
+                select(_PROGRAM.c.code_hash, func.min(_PROGRAM.c.id))
+                .where(_PROGRAM.c.campaign_id == campaign_id, _PROGRAM.c.code_hash.in_(wanted))
+                .group_by(_PROGRAM.c.code_hash)
+            )
+            .tuples()
+            .all()
+        )
+    connection.execute(
+        update(_TRAJECTORY)
+        .where(_TRAJECTORY.c.id == bindparam("trajectory"))
+        .values(candidates=bindparam("slots")),
+        [
+            {
+                "trajectory": trajectory_id,
+                "slots": [
+                    {
+                        "index": c.index,
+                        "outcome": c.outcome,
+                        "program_id": None
+                        if c.outcome == "unparsed"
+                        else known.get(c.code_hash or ""),
+                        "reason": c.reason,
+                    }
+                    for c in rollout.candidates
+                ],
+            }
+            for trajectory_id, rollout in zip(trajectory_ids, rollouts, strict=True)
+        ],
+    )
+
+
+def _insert_returning_ids(
+    connection: Connection, table: Any, rows: list[dict[str, Any]]
+) -> list[int]:
+    """Insert rows and return their ids in order, in one statement on either engine.
+
+    PostgreSQL batches `INSERT ... RETURNING` in parameter order. SQLite cannot (SQLAlchemy
+    falls back to one statement per row there), but a SQLite writer holds the database's write
+    lock (BEGIN IMMEDIATE), so it picks the ids SQLite itself would: max(id) + 1 onwards.
+    """
+    if connection.dialect.name == "sqlite":
+        last = connection.execute(select(func.max(table.c.id))).scalar_one() or 0
+        ids = list(range(last + 1, last + 1 + len(rows)))
+        connection.execute(
+            insert(table), [{**row, "id": i} for row, i in zip(rows, ids, strict=True)]
+        )
+        return ids
+    return list(
+        connection.scalars(
+            insert(table).returning(table.c.id, sort_by_parameter_order=True), rows
+        ).all()
+    )
+
+
+def _copy_program(connection: Connection, campaign_id: int, program_id: int, island: int) -> int:
     """A migrant: the same code and scores on another island, its source as parent."""
-    source = session.get(Program, program_id, options=[selectinload(Program.scores)])
+    source = connection.execute(select(_PROGRAM).where(_PROGRAM.c.id == program_id)).one_or_none()
     if source is None or source.campaign_id != campaign_id:
         raise ValueError(f"program {program_id} is not in campaign {campaign_id}")
-    return _insert_program(
-        session,
-        campaign_id,
-        source.code,
-        status=source.status,
-        scores={s.objective: s.value for s in source.scores},
-        raw={s.objective: s.raw for s in source.scores},
-        error=source.error,
-        parent_id=source.id,
-        island=island,
-        generation=source.generation,
-        origin="migration",
-        eval_seconds=0.0,
-        metrics=source.metrics,
-        trajectory_id=None,
-        candidate_index=None,
+    now = utc_now()
+    copy_id = connection.execute(
+        insert(_PROGRAM).returning(_PROGRAM.c.id),
+        {
+            "campaign_id": campaign_id,
+            "code": source.code,
+            "code_hash": source.code_hash,
+            "parent_id": source.id,
+            "island": island,
+            "generation": source.generation,
+            "origin": "migration",
+            "status": source.status,
+            "error": source.error,
+            "eval_seconds": 0.0,
+            "metrics": source.metrics,
+            "created_at": now,
+        },
+    ).scalar_one()
+    connection.execute(
+        insert(_SCORE).from_select(
+            ["program_id", "objective", "value", "raw"],
+            select(literal(copy_id), _SCORE.c.objective, _SCORE.c.value, _SCORE.c.raw).where(
+                _SCORE.c.program_id == program_id
+            ),
+        )
     )
+    connection.execute(
+        insert(_EVENT),
+        {
+            "campaign_id": campaign_id,
+            "kind": "program_added",
+            "payload": {
+                "program_id": copy_id,
+                "status": source.status,
+                "origin": "migration",
+                "island": island,
+            },
+            "created_at": now,
+        },
+    )
+    return copy_id
 
 
 def _campaign_record(campaign: Campaign) -> CampaignRecord:
@@ -748,24 +837,28 @@ def _campaign_record(campaign: Campaign) -> CampaignRecord:
 
 
 def _program_record(program: Program) -> ProgramRecord:
+    return _program_row_record(program, program.scores)
+
+
+def _program_row_record(row: Any, scores: Sequence[Any]) -> ProgramRecord:
     return ProgramRecord(
-        id=program.id,
-        campaign_id=program.campaign_id,
-        code=program.code,
-        code_hash=program.code_hash,
-        parent_id=program.parent_id,
-        island=program.island,
-        generation=program.generation,
-        origin=program.origin,
-        status=program.status,
-        error=program.error,
-        eval_seconds=program.eval_seconds,
-        trajectory_id=program.trajectory_id,
-        candidate_index=program.candidate_index,
-        metrics=program.metrics,
-        created_at=program.created_at,
-        scores={score.objective: score.value for score in program.scores},
-        raw={score.objective: score.raw for score in program.scores},
+        id=row.id,
+        campaign_id=row.campaign_id,
+        code=row.code,
+        code_hash=row.code_hash,
+        parent_id=row.parent_id,
+        island=row.island,
+        generation=row.generation,
+        origin=row.origin,
+        status=row.status,
+        error=row.error,
+        eval_seconds=row.eval_seconds,
+        trajectory_id=row.trajectory_id,
+        candidate_index=row.candidate_index,
+        metrics=row.metrics,
+        created_at=row.created_at,
+        scores={score.objective: score.value for score in scores},
+        raw={score.objective: score.raw for score in scores},
     )
 
 
