@@ -193,7 +193,12 @@ def evolve(
     generator: Generator,
     first_iteration: int,
     on_progress: Callable[[int, Progress], None] | None,
+    *,
+    overlap: bool = True,
 ) -> None:
+    """Iterations `first_iteration`.. up to the budget. With `overlap` off, each iteration is
+    evaluated and stored before the next one generates (a sequential harness, for comparison
+    in benchmarks/generator_busy.py)."""
     config = campaign.config
     selection_config = SelectionConfig(
         islands=config.islands,
@@ -238,6 +243,8 @@ def evolve(
                 completions,
                 moving,
             )
+            if not overlap:
+                pending.result()
         if pending is not None:
             pending.result()
             if on_progress:
