@@ -230,7 +230,10 @@ def load_model(
     in `dtype` (a torch dtype or its name; default: `preferred_dtype(device)`)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
 
+    # Its per-tensor progress bar would interleave with the campaign's own progress line.
+    transformers_logging.disable_progress_bar()
     folder = resolve_model(name, cache_dir)
     device = device or default_device()
     if dtype is None:

@@ -1,0 +1,206 @@
+"""Group advantages for VPO and its baselines: pure torch, batched over groups, no Python loops.
+
+Every estimator takes the same two tensors and returns the same two:
+
+    scores  (B, G, m, d)  reward vectors in [0, 1] of the m candidates of G rollouts of B prompts
+    mask    (B, G, m)     True for real candidates; missing, unparsed or failed ones are False
+    ->  advantages (B, G), rewards (B, G)   one advantage per rollout, and the scalar it came from
+
+The advantage of a rollout is given to every one of its completion tokens by the loss.
+
+- `vpo_advantages`: the set score E_w[max_s w . r(s)] with w ~ Dirichlet(alpha), estimated with
+  K draws shared by a group's G rollouts, then z-normalised within the group with the
+  population std; exact zeros where that std < eps (Bahlous-Boldi et al., arXiv 2605.22817, the
+  authors' `vpo_advantage`).
+- `grpo_advantages`: scalar = mean of the vector of the single candidate (m = 1), z-normalised
+  within the group (Shao et al., arXiv 2402.03300; Bessel-corrected std as veRL's GRPO).
+- `multi_rlvr_advantages`: the GRPO scalar summed over a rollout's candidates, a candidate whose
+  vector repeats an earlier one of the same rollout counting 0 (Puri et al., arXiv 2603.24844,
+  as the VPO authors ran it).
+- `max_at_k_advantages`: the unbiased estimator of E[max of k of the G rewards] for each
+  rollout (Bagirov et al., arXiv 2510.23393), then z-normalised within the group (m = 1).
+- `gdpo_advantages`: each objective z-normalised within the group, summed, then whitened over
+  the whole batch (arXiv 2601.05242) (m = 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+EPS = 1e-6
+
+Estimator = Callable[..., tuple[Tensor, Tensor]]
+
+
+def vpo_advantages(
+    scores: Tensor,
+    mask: Tensor,
+    *,
+    num_weights: int = 100,
+    alpha: float = 1.0,
+    weights: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    eps: float = EPS,
+) -> tuple[Tensor, Tensor]:
+    """VPO: (advantages, set scores), both (B, G).
+
+    `weights` (B, K, d) fixes the Dirichlet draws (one set per group, shared by its G rollouts);
+    otherwise K = `num_weights` are drawn from Dirichlet(alpha) with `generator`.
+    """
+    batch, _, _, dims = _check(scores, mask)
+    if weights is None:
+        weights = dirichlet((batch, num_weights, dims), alpha, generator, scores)
+    elif weights.dim() != 3 or weights.shape[0] != batch or weights.shape[2] != dims:
+        raise ValueError(f"weights must be (B={batch}, K, d={dims}), got {tuple(weights.shape)}")
+    # (B, G, m, K): each candidate's value under each weight vector of its group.
+    values = torch.einsum("bgmd,bkd->bgmk", scores, weights.to(scores.dtype))
+    values = values.masked_fill(~mask.unsqueeze(-1), -math.inf)
+    best = values.amax(dim=2)  # (B, G, K): the set's best candidate under each w
+    best = torch.where(mask.any(dim=2, keepdim=True), best, torch.zeros_like(best))
+    set_scores = best.mean(dim=-1)
+    return standardise(set_scores, eps=eps, unbiased=False), set_scores
+
+
+def grpo_advantages(
+    scores: Tensor, mask: Tensor, *, eps: float = EPS, unbiased: bool = True
+) -> tuple[Tensor, Tensor]:
+    """GRPO on the mean of the vector of the one candidate per rollout."""
+    scalar = _single(scores, mask, "grpo")
+    return standardise(scalar, eps=eps, unbiased=unbiased), scalar
+
+
+def multi_rlvr_advantages(
+    scores: Tensor, mask: Tensor, *, eps: float = EPS, unbiased: bool = True
+) -> tuple[Tensor, Tensor]:
+    """Multi-RLVR: the GRPO scalar summed over the rollout's distinct candidates."""
+    _check(scores, mask)
+    m = scores.shape[2]
+    # A candidate whose whole vector equals an earlier real candidate's in the same rollout
+    # counts 0, so writing one answer m times is not rewarded m times.
+    same = (scores.unsqueeze(3) == scores.unsqueeze(2)).all(dim=-1)  # (B, G, m, m)
+    same = same & mask.unsqueeze(2)  # column j is a real candidate
+    earlier = torch.ones(m, m, dtype=torch.bool, device=scores.device).tril(diagonal=-1)
+    repeated = (same & earlier).any(dim=-1)  # (B, G, m)
+    counted = mask & ~repeated
+    scalar = (scores.mean(dim=-1) * counted).sum(dim=-1)
+    return standardise(scalar, eps=eps, unbiased=unbiased), scalar
+
+
+def max_at_k_advantages(
+    scores: Tensor, mask: Tensor, *, k: int | None = None, eps: float = EPS
+) -> tuple[Tensor, Tensor]:
+    """max@k: each rollout's share of E[max of k rewards drawn from the group without
+    replacement], the unbiased estimator of arXiv 2510.23393; k defaults to max(2, G // 2)."""
+    scalar = _single(scores, mask, "max_at_k")
+    group = scalar.shape[1]
+    k = max(2, group // 2) if k is None else k
+    if not 1 <= k <= group:
+        raise ValueError(f"max_at_k needs 1 <= k <= G={group}, got k={k}")
+    ordered, order = scalar.sort(dim=1)  # ascending; rank i (1-based) is position i - 1
+    coefficients = _max_at_k_coefficients(group, k, scalar)
+    shares = ordered @ coefficients.T  # (B, G): sum over j of coefficients[i, j] * ordered[j]
+    estimate = torch.empty_like(shares).scatter_(1, order, shares)
+    return standardise(estimate, eps=eps, unbiased=False), estimate
+
+
+def gdpo_advantages(
+    scores: Tensor, mask: Tensor, *, eps: float = EPS, unbiased: bool = True
+) -> tuple[Tensor, Tensor]:
+    """GDPO: every objective z-normalised within its group, summed, whitened over the batch."""
+    _single(scores, mask, "gdpo")
+    vectors = (scores * mask.unsqueeze(-1)).squeeze(2)  # (B, G, d)
+    per_objective = standardise(vectors.transpose(1, 2), eps=eps, unbiased=unbiased)
+    summed = per_objective.sum(dim=1)  # (B, G)
+    flat = summed.reshape(-1)
+    spread = flat.std(unbiased=unbiased) if flat.numel() > 1 else flat.new_zeros(())
+    whitened = (summed - flat.mean()) / (spread + eps) if spread >= eps else summed * 0
+    return whitened, vectors.mean(dim=-1)
+
+
+ESTIMATORS: dict[str, Estimator] = {
+    "vpo": vpo_advantages,
+    "grpo": grpo_advantages,
+    "multi_rlvr": multi_rlvr_advantages,
+    "max_at_k": max_at_k_advantages,
+    "gdpo": gdpo_advantages,
+}
+
+# The estimators that score one candidate per rollout.
+SINGLE_CANDIDATE = ("grpo", "max_at_k", "gdpo")
+
+
+def standardise(values: Tensor, *, eps: float = EPS, unbiased: bool = False) -> Tensor:
+    """(x - mean) / (std + eps) over the last dimension; exact zeros where std < eps."""
+    if values.shape[-1] < 2:
+        return torch.zeros_like(values)
+    mean = values.mean(dim=-1, keepdim=True)
+    std = values.std(dim=-1, keepdim=True, unbiased=unbiased)
+    normalised = (values - mean) / (std + eps)
+    return torch.where(std < eps, torch.zeros_like(normalised), normalised)
+
+
+def dirichlet(
+    shape: tuple[int, int, int],
+    alpha: float,
+    generator: torch.Generator | None,
+    like: Tensor,
+) -> Tensor:
+    """Draws from the symmetric Dirichlet(alpha) of the last dimension, from `generator`."""
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+    if alpha == 1.0:
+        # Dirichlet(1) is normalised Exp(1): -log(1 - U), U ~ Uniform[0, 1). Drawn in the
+        # scores' precision: float32 halves the cost, and K = 100 draws dwarf its rounding.
+        uniform = torch.rand(shape, generator=generator, dtype=dtype, device=like.device)
+        gamma = -torch.log1p(-uniform)
+    else:
+        # torch's gamma sampler takes no generator: seed a private stream from it instead.
+        seed = int(torch.randint(2**62, (), generator=generator, device="cpu"))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            concentration = torch.full(shape, alpha, dtype=torch.float64)
+            gamma = torch._standard_gamma(concentration).to(device=like.device, dtype=dtype)
+    gamma = gamma.clamp_min(torch.finfo(dtype).tiny)
+    return gamma / gamma.sum(dim=-1, keepdim=True)
+
+
+def _max_at_k_coefficients(group: int, k: int, like: Tensor) -> Tensor:
+    """(G, G) matrix c with c[i, j] the weight of the j-th smallest reward in the share of the
+    i-th smallest (0-based): C(i, k-1) on the diagonal (subsets where i is the max), C(j-1, k-2)
+    above it (subsets holding i whose max is j), all over C(G, k)."""
+    total = math.comb(group, k)
+    rows = []
+    for i in range(group):
+        row = [0.0] * group
+        row[i] = math.comb(i, k - 1) / total
+        for j in range(i + 1, group):
+            row[j] = (math.comb(j - 1, k - 2) if k >= 2 else 0) / total
+        rows.append(row)
+    return torch.tensor(rows, dtype=like.dtype, device=like.device)
+
+
+def _check(scores: Tensor, mask: Tensor) -> tuple[int, int, int, int]:
+    if scores.dim() != 4:
+        raise ValueError(f"scores must be (B, G, m, d), got shape {tuple(scores.shape)}")
+    if mask.shape != scores.shape[:3] or mask.dtype != torch.bool:
+        raise ValueError(
+            f"mask must be a bool tensor of shape {tuple(scores.shape[:3])}, "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
+    batch, group, m, dims = scores.shape
+    return batch, group, m, dims
+
+
+def _single(scores: Tensor, mask: Tensor, name: str) -> Tensor:
+    """The mean-of-vector scalar of the single candidate per rollout, (B, G)."""
+    _check(scores, mask)
+    if scores.shape[2] != 1:
+        raise ValueError(
+            f"{name} scores one candidate per rollout (m = 1), got m = {scores.shape[2]}"
+        )
+    return (scores.mean(dim=-1) * mask).squeeze(2)
