@@ -38,6 +38,7 @@ from harness.selection import (
     should_migrate,
 )
 from harness.store import Store
+from harness.training import Trainer, maybe_train, start_trainer, trainer_generator
 from problems.api import Evaluation, Problem
 
 GENERATION_RETRIES = 3
@@ -53,14 +54,16 @@ class Progress:
     tokens: int = 0
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
+    train: str | None = None  # the last training step, as a line
 
     def line(self, iteration: int, total: int) -> str:
         wall = max(time.perf_counter() - self.started, 1e-9)
         best = " ".join(f"{k} {v:.4f}" for k, v in self.best.items())
-        return (
+        line = (
             f"iteration {iteration}/{total} | best {best} | "
             f"{self.evaluations / wall:.2f} evals/s | {self.tokens / wall:.0f} tok/s"
         )
+        return line if self.train is None else f"{line} | {self.train}"
 
     @property
     def busy_fraction(self) -> float:
@@ -84,6 +87,7 @@ class Campaign:
     seen: set[str]  # code hashes evaluated already: duplicates are never evaluated twice
     progress: Progress = field(default_factory=Progress)
     last_program_id: int = 0
+    trainer: Trainer | None = None  # set when the campaign trains (train_every > 0)
 
 
 def open_campaign(store: Store, config: CampaignConfig, problem: Problem) -> int:
@@ -143,7 +147,12 @@ def run_campaign(
             campaign = prepare(config, store, problem, campaign_id, sandbox)
             done = store.iterations_done(campaign_id)
             if done < config.iterations:
-                if generator is None:
+                campaign.trainer = start_trainer(
+                    config, store, campaign_id, config.name or problem.name, campaign.objectives
+                )
+                if generator is None and campaign.trainer is not None:
+                    generator = trainer_generator(config, campaign.trainer)
+                elif generator is None:
                     options: dict[str, Any] = {}
                     if config.backend == "openai":
                         options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
@@ -218,6 +227,7 @@ def evolve(
                 [selection.parent_id, *selection.draft_ids]
             )
             prompt = build_prompt(campaign.problem, parent, drafts, config.candidates)
+            version = campaign.trainer.version_id if campaign.trainer else None
             completions = generate(campaign, generator, prompt, sampling, iteration)
             moving = []
             if config.strategy == "evolve" and should_migrate(
@@ -231,6 +241,7 @@ def evolve(
                 )
             if pending is not None:
                 pending.result()  # the previous iteration is stored before this one
+                train(campaign, generator)
                 if on_progress:
                     on_progress(iteration, campaign.progress)
             pending = evaluator.submit(
@@ -242,13 +253,25 @@ def evolve(
                 prompt,
                 completions,
                 moving,
+                version,
             )
             if not overlap:
                 pending.result()
         if pending is not None:
             pending.result()
+            train(campaign, generator)
             if on_progress:
                 on_progress(config.iterations, campaign.progress)
+
+
+def train(campaign: Campaign, generator: Generator) -> None:
+    """A training step when enough new groups wait (the generator is idle meanwhile: it may
+    share the weights being trained)."""
+    if campaign.trainer is None:
+        return
+    metrics = maybe_train(campaign.trainer, generator)
+    if metrics is not None:
+        campaign.progress.train = metrics.line()
 
 
 def choose(
@@ -295,6 +318,7 @@ def evaluate_and_store(
     prompt: list[dict[str, str]],
     completions: Sequence[Completion],
     moving: Sequence[tuple[int, int]],
+    policy_version_id: int | None = None,
 ) -> None:
     m = campaign.config.candidates
     # Parse every rollout; decide which candidates are new code worth evaluating.
@@ -370,6 +394,7 @@ def evaluate_and_store(
         prompt=prompt,
         prompt_token_ids=completions[0].prompt_token_ids if completions else None,
         rollouts=rollouts,
+        policy_version_id=policy_version_id,
         migrations=moving,
     )
     campaign.seen.update(fresh)

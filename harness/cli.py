@@ -59,6 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     _campaign_flags(p)
     p.set_defaults(handler=cmd_run)
 
+    p = commands.add_parser("train", help="fine-tune a model on a database's groups (offline)")
+    p.add_argument("--db", required=True, help="database file or URL")
+    p.add_argument("--out", required=True, help="folder for the trained model")
+    p.add_argument("--name", default=None, help="campaign name (default: the only one)")
+    p.add_argument("--model", default=None, help="base model (default: the campaign's)")
+    p.add_argument(
+        "--advantage", default="vpo", help="vpo (default), grpo, multi_rlvr, max_at_k or gdpo"
+    )
+    p.add_argument("--steps", type=_positive_int, default=None, help="steps (default: one pass)")
+    p.add_argument("--groups-per-step", dest="groups_per_step", type=_positive_int, default=8)
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter, then merge it")
+    p.add_argument("--lora-rank", dest="lora_rank", type=_positive_int, default=16)
+    p.add_argument("--lr", dest="learning_rate", type=float, default=None)
+    p.add_argument("--kl-beta", dest="kl_beta", type=float, default=1e-3)
+    p.add_argument("--micro-batch", dest="micro_batch", type=_positive_int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=cmd_train)
+
     p = commands.add_parser("status", help="what a campaign's database holds")
     p.add_argument("--db", required=True, help="database file or URL")
     p.add_argument("--name", default=None, help="campaign name (default: the only one)")
@@ -192,6 +210,35 @@ def _campaign_flags(p: argparse.ArgumentParser) -> None:
         help="seconds per call (0: the problem's own)",
     )
     flag.add_argument("--seed", type=int, default=None, help="random seed (0)")
+    train = p.add_argument_group("training (VPO inside the campaign)")
+    train.add_argument(
+        "--train-every",
+        dest="train_every",
+        type=int,
+        default=None,
+        help="one training step after every K new groups (0: no training)",
+    )
+    train.add_argument(
+        "--advantage", default=None, help="vpo (default), grpo, multi_rlvr, max_at_k or gdpo"
+    )
+    train.add_argument(
+        "--lr", dest="learning_rate", type=float, default=None, help="learning rate (1e-6)"
+    )
+    train.add_argument(
+        "--lora", action="store_const", const=True, default=None, help="train a LoRA adapter"
+    )
+    train.add_argument(
+        "--lora-rank", dest="lora_rank", type=int, default=None, help="LoRA rank (16)"
+    )
+    train.add_argument(
+        "--kl-beta", dest="kl_beta", type=float, default=None, help="KL weight (1e-3)"
+    )
+    train.add_argument(
+        "--policy-dir",
+        dest="policy_dir",
+        default=None,
+        help="where policy versions are saved (default: beside the database)",
+    )
 
 
 SETTING_FLAGS = (
@@ -212,6 +259,13 @@ SETTING_FLAGS = (
     "workers",
     "time_limit",
     "seed",
+    "train_every",
+    "advantage",
+    "learning_rate",
+    "lora",
+    "lora_rank",
+    "kl_beta",
+    "policy_dir",
 )
 
 
@@ -275,6 +329,49 @@ def cmd_run(args: argparse.Namespace) -> int:
     summary = store.summary(campaign_id)
     _print_best(problem, summary)
     print(f"database: {store.where}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from harness.config import ADVANTAGES
+    from harness.store import Store
+    from harness.training import OfflineSettings, train_offline
+
+    if args.advantage not in ADVANTAGES:
+        raise UserError(
+            f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
+        )
+    if args.learning_rate is not None and not args.learning_rate > 0:
+        raise UserError(f"--lr must be > 0, not {args.learning_rate}")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not an empty folder")
+    store = Store.open(args.db, create=False)
+    campaign = _find_campaign(store, args.name, required=True)
+    stored = campaign.config
+    settings = OfflineSettings(
+        out=out,
+        model=args.model or stored.get("model", "smollm2"),
+        advantage=args.advantage,
+        steps=args.steps,
+        groups_per_step=args.groups_per_step,
+        learning_rate=args.learning_rate or (1e-5 if args.lora else 1e-6),
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        kl_beta=args.kl_beta,
+        micro_batch=args.micro_batch,
+        temperature=max(float(stored.get("temperature", 1.0)), 1e-3),
+        seed=args.seed,
+    )
+    print(f"training {settings.model} on campaign {campaign.name!r} of {store.where}")
+    history = train_offline(
+        store,
+        campaign.id,
+        int(stored.get("candidates", 3)),
+        settings,
+        on_step=lambda metrics: print(metrics.line(), flush=True),
+    )
+    print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
     return 0
 
 

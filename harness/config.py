@@ -20,6 +20,9 @@ from harness.errors import UserError
 
 BACKENDS = ("transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
+# Kept here rather than imported from trainer/, so reading a config never imports torch.
+ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo")
+SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo")
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,17 @@ class CampaignConfig:
     # evaluation
     workers: int = 0  # parallel sandbox workers; 0: one per CPU
     time_limit: float = 0.0  # seconds per call; 0: the problem's own limit
+    # training: one policy step after every `train_every` new groups (0: never)
+    train_every: int = 0
+    advantage: str = "vpo"  # vpo | grpo | multi_rlvr | max_at_k | gdpo
+    learning_rate: float = 1e-6  # the VPO paper's full fine-tuning rate
+    lora: bool = False  # train a LoRA adapter instead of every weight
+    lora_rank: int = 16
+    kl_beta: float = 1e-3  # weight of the k3 KL to the initial policy
+    dirichlet_weights: int = 100  # K weight vectors per group (VPO)
+    dirichlet_alpha: float = 1.0
+    micro_batch: int = 8  # rollouts per forward/backward pass
+    policy_dir: str | None = None  # where policy versions go; default: beside the database
 
     def __post_init__(self) -> None:
         _require(bool(self.problem), "problem", "a problem name or folder")
@@ -66,6 +80,28 @@ class CampaignConfig:
         _require(self.time_limit >= 0.0, "time_limit", "a number of seconds >= 0")
         if self.backend == "openai":
             _require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
+        _require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
+        _require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
+        _require(self.learning_rate > 0, "learning_rate", "a number > 0")
+        _require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
+        _require(self.kl_beta >= 0, "kl_beta", "a number >= 0")
+        _require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
+        _require(self.dirichlet_alpha > 0, "dirichlet_alpha", "a number > 0")
+        _require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
+        if self.train_every:
+            if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
+                _require(
+                    self.candidates == 1,
+                    "candidates",
+                    f"1 with advantage {self.advantage!r}, which scores one candidate per "
+                    "rollout (vpo and multi_rlvr score m)",
+                )
+            _require(
+                self.backend != "openai",
+                "backend",
+                "transformers or vllm when training (train_every > 0): the openai backend "
+                "cannot load new weights",
+            )
 
     @property
     def sandbox_workers(self) -> int:
@@ -124,6 +160,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
 def _coerce(key: str, value: Any) -> Any:
     kind = str(KEYS[key].type)
     try:
+        if kind.startswith("bool"):
+            if not isinstance(value, bool):
+                raise ValueError
+            return value
         if kind.startswith("int"):
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError
@@ -137,7 +177,9 @@ def _coerce(key: str, value: Any) -> Any:
         return value
     except (TypeError, ValueError):
         expected = (
-            "a whole number"
+            "true or false"
+            if kind.startswith("bool")
+            else "a whole number"
             if kind.startswith("int")
             else ("a number" if kind.startswith("float") else "a string")
         )

@@ -137,3 +137,32 @@ class Summary:
     policy_versions: int
     tokens: int
     best: dict[str, dict[str, Any]]  # objective -> {"score", "raw", "program_id"}
+
+
+@dataclass(frozen=True)
+class TrainingRollout:
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    # Per candidate slot 1..m: the evaluated program's scores by objective, None when the slot
+    # has no program (not parsed).
+    candidates: tuple[dict[str, float] | None, ...]
+
+
+@dataclass(frozen=True)
+class TrainingGroup:
+    """A stored group as the trainer needs it: token ids and per-candidate score vectors."""
+
+    id: int
+    iteration: int
+    rollouts: tuple[TrainingRollout, ...]
+
+
+@dataclass(frozen=True)
+class PolicyRecord:
+    id: int
+    campaign_id: int
+    step: int
+    path: str
+    metrics: dict[str, Any]
+    created_at: datetime

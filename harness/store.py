@@ -65,9 +65,12 @@ from harness.records import (
     Counts,
     EventRecord,
     NewProgram,
+    PolicyRecord,
     ProgramRecord,
     RolloutRecord,
     Summary,
+    TrainingGroup,
+    TrainingRollout,
     code_hash,
 )
 
@@ -288,6 +291,192 @@ class Store:
                     "is another process running this campaign?"
                 ) from None
             raise
+
+    # Training: the groups a step used, and the policy versions it produced
+
+    def untrained_groups(self, campaign_id: int, limit: int) -> list[TrainingGroup]:
+        """The newest `limit` groups no training step used yet, oldest of them first."""
+        return self.training_groups(campaign_id, unused=True, newest=limit)
+
+    def training_groups(
+        self,
+        campaign_id: int,
+        *,
+        unused: bool = False,
+        newest: int | None = None,
+        after_iteration: int = -1,
+        limit: int | None = None,
+    ) -> list[TrainingGroup]:
+        """Groups as the trainer reads them, in iteration order: token ids and every
+        candidate's scores. `unused`: only groups no training step used; `newest`: only the
+        newest N of them; `after_iteration` and `limit` page through the rest. Groups without
+        prompt tokens (some endpoints do not report them) cannot be trained on and are left out.
+        """
+        query = select(_GROUP.c.id, _GROUP.c.iteration, _GROUP.c.prompt_token_ids).where(
+            _GROUP.c.campaign_id == campaign_id,
+            _GROUP.c.prompt_token_ids.is_not(None),
+            _GROUP.c.iteration > after_iteration,
+        )
+        if unused:
+            query = query.where(_GROUP.c.train_step.is_(None))
+        if newest is not None:
+            query = query.order_by(_GROUP.c.iteration.desc()).limit(newest)
+        else:
+            query = query.order_by(_GROUP.c.iteration).limit(limit)
+        with self._engine.connect() as connection:
+            groups = connection.execute(query).all()
+            if newest is not None:
+                groups.reverse()
+            if not groups:
+                return []
+            rows = connection.execute(
+                select(
+                    _TRAJECTORY.c.group_id,
+                    _TRAJECTORY.c.token_ids,
+                    _TRAJECTORY.c.logprobs,
+                    _TRAJECTORY.c.candidates,
+                )
+                .where(_TRAJECTORY.c.group_id.in_([g.id for g in groups]))
+                .order_by(_TRAJECTORY.c.group_id, _TRAJECTORY.c.position)
+            ).all()
+            wanted = {
+                slot["program_id"]
+                for row in rows
+                for slot in row.candidates
+                if slot.get("program_id") is not None
+            }
+            scores: dict[int, dict[str, float]] = {}
+            for score in connection.execute(
+                select(_SCORE.c.program_id, _SCORE.c.objective, _SCORE.c.value).where(
+                    _SCORE.c.program_id.in_(wanted)
+                )
+            ):
+                scores.setdefault(score.program_id, {})[score.objective] = score.value
+        by_group: dict[int, list[TrainingRollout]] = {}
+        prompts = {g.id: tuple(g.prompt_token_ids) for g in groups}
+        for row in rows:
+            slots = sorted(row.candidates, key=lambda slot: slot["index"])
+            by_group.setdefault(row.group_id, []).append(
+                TrainingRollout(
+                    prompt_token_ids=prompts[row.group_id],
+                    token_ids=tuple(row.token_ids),
+                    logprobs=None if row.logprobs is None else tuple(row.logprobs),
+                    candidates=tuple(
+                        None
+                        if slot.get("program_id") is None
+                        else scores.get(slot["program_id"], {})
+                        for slot in slots
+                    ),
+                )
+            )
+        return [
+            TrainingGroup(id=g.id, iteration=g.iteration, rollouts=tuple(by_group.get(g.id, ())))
+            for g in groups
+        ]
+
+    def objectives(self, campaign_id: int) -> list[str]:
+        """The objective names the campaign's programs were scored on, sorted."""
+        with self._engine.connect() as connection:
+            return list(
+                connection.execute(
+                    select(_SCORE.c.objective)
+                    .join(_PROGRAM, _PROGRAM.c.id == _SCORE.c.program_id)
+                    .where(_PROGRAM.c.campaign_id == campaign_id)
+                    .distinct()
+                    .order_by(_SCORE.c.objective)
+                ).scalars()
+            )
+
+    def untrained_count(self, campaign_id: int) -> int:
+        with self._engine.connect() as connection:
+            return connection.execute(
+                select(func.count()).where(
+                    _GROUP.c.campaign_id == campaign_id,
+                    _GROUP.c.train_step.is_(None),
+                    _GROUP.c.prompt_token_ids.is_not(None),
+                )
+            ).scalar_one()
+
+    def record_train_step(
+        self,
+        campaign_id: int,
+        *,
+        step: int,
+        path: str,
+        metrics: dict[str, Any],
+        group_ids: Sequence[int],
+    ) -> int:
+        """Mark the groups as used by `step` and add its policy version, in one transaction.
+
+        Raises UserError, writing nothing, when a group was used already or the step exists:
+        each group trains once and policy versions stay contiguous.
+        """
+        try:
+            with self._write_engine.begin() as connection:
+                marked = connection.execute(
+                    update(_GROUP)
+                    .where(
+                        _GROUP.c.campaign_id == campaign_id,
+                        _GROUP.c.id.in_(list(group_ids)),
+                        _GROUP.c.train_step.is_(None),
+                    )
+                    .values(train_step=step)
+                ).rowcount
+                if marked != len(set(group_ids)):
+                    raise UserError(
+                        f"training step {step}: {len(set(group_ids)) - marked} of its groups "
+                        "were used by another step; is another trainer running?"
+                    )
+                now = utc_now()
+                policy_id = connection.execute(
+                    insert(_POLICY).returning(_POLICY.c.id),
+                    {
+                        "campaign_id": campaign_id,
+                        "step": step,
+                        "path": path,
+                        "metrics": metrics,
+                        "created_at": now,
+                    },
+                ).scalar_one()
+                connection.execute(
+                    insert(_EVENT),
+                    {
+                        "campaign_id": campaign_id,
+                        "kind": "train_step",
+                        "payload": {"step": step, "policy_version_id": policy_id, **metrics},
+                        "created_at": now,
+                    },
+                )
+                return policy_id
+        except IntegrityError:
+            raise UserError(
+                f"policy version {step} of campaign {campaign_id} exists already; "
+                "is another trainer running?"
+            ) from None
+
+    def policies(self, campaign_id: int) -> list[PolicyRecord]:
+        """The campaign's policy versions by step."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(_POLICY).where(_POLICY.c.campaign_id == campaign_id).order_by(_POLICY.c.step)
+            ).all()
+        return [
+            PolicyRecord(r.id, r.campaign_id, r.step, r.path, r.metrics, r.created_at) for r in rows
+        ]
+
+    def latest_policy(self, campaign_id: int) -> PolicyRecord | None:
+        with self._engine.connect() as connection:
+            row = connection.execute(
+                select(_POLICY)
+                .where(_POLICY.c.campaign_id == campaign_id)
+                .order_by(_POLICY.c.step.desc())
+                .limit(1)
+            ).one_or_none()
+        if row is None:
+            return None
+        return PolicyRecord(
+            row.id, row.campaign_id, row.step, row.path, row.metrics, row.created_at
+        )
 
     def iterations_done(self, campaign_id: int) -> int:
         with self._reading() as session:
@@ -565,6 +754,7 @@ _GROUP = RolloutGroup.__table__
 _DRAFT = GroupDraft.__table__
 _TRAJECTORY = Trajectory.__table__
 _EVENT = Event.__table__
+_POLICY = PolicyVersion.__table__
 
 
 def _write_iteration(

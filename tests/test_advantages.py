@@ -34,9 +34,7 @@ def group_tensors(draw, batch: int, group: int, m: int, d: int):
             max_size=batch * group * m * d,
         )
     )
-    flags = draw(
-        st.lists(st.booleans(), min_size=batch * group * m, max_size=batch * group * m)
-    )
+    flags = draw(st.lists(st.booleans(), min_size=batch * group * m, max_size=batch * group * m))
     scores = torch.tensor(values, dtype=torch.float64).reshape(batch, group, m, d)
     mask = torch.tensor(flags).reshape(batch, group, m)
     return scores, mask

@@ -204,3 +204,123 @@ def test_sigkill_at_random_moments_then_resume(tiny_model: str, tmp_path: Path) 
     check_invariants(store, campaign.id, 16, 2, 2)
     assert campaign.status == "finished"
     assert len(store.events(campaign.id, "resumed")) >= 1
+
+
+def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_path: Path) -> None:
+    import torch
+
+    from trainer.policy import Policy
+
+    settings = fast_settings(
+        tiny_model, iterations=5, train_every=2, learning_rate=1e-3, micro_batch=1
+    )
+    store = Store.open(tmp_path / "campaign.db")
+    campaign_id = run_campaign(build(settings), store, CirclePacking())
+    check_invariants(store, campaign_id, 5, 2, 2)
+    policies = store.policies(campaign_id)
+    assert [p.step for p in policies] == [1, 2]
+    with Session(store.engine) as session:
+        steps = session.execute(
+            select(RolloutGroup.iteration, RolloutGroup.train_step, RolloutGroup.policy_version_id)
+            .where(RolloutGroup.campaign_id == campaign_id)
+            .order_by(RolloutGroup.iteration)
+        ).all()
+    # Steps train on the two newest unused groups; iteration 4 waits for the next step.
+    assert [s.train_step for s in steps] == [1, 1, 2, 2, None]
+    # Groups record the policy that wrote them: step 1 ran after group 1 was stored, while
+    # group 2 was being generated, so version 1 wrote groups 3 and 4.
+    versions = {p.id: p.step for p in policies}
+    assert [versions.get(s.policy_version_id) for s in steps] == [None, None, None, 1, 1]
+    for policy in policies:
+        assert Path(policy.path, "policy.json").exists()
+        for key in (
+            "loss",
+            "kl",
+            "set_score",
+            "zero_std_fraction",
+            "diversity",
+            "tokens_per_second",
+        ):
+            assert key in policy.metrics
+    assert summary_json(store, campaign_id)["policy_versions"] == 2
+    assert Path(policies[0].path).parent == tmp_path / "campaign.policies" / "circle_packing"
+
+    # The saved version differs from the starting weights (AdamW moved them) ...
+    start = Policy.load(tiny_model)
+    saved = Policy.resume(policies[-1].path)
+    moved = any(
+        not torch.equal(a, b)
+        for a, b in zip(start.model.parameters(), saved.model.parameters(), strict=True)
+    )
+    assert moved and saved.step == 2
+
+    # ... and resuming continues from it: steps stay contiguous, no group trains twice.
+    run_campaign(build({**settings, "iterations": 7}), store, CirclePacking())
+    assert [p.step for p in store.policies(campaign_id)] == [1, 2, 3]
+    with Session(store.engine) as session:
+        trained = session.scalars(
+            select(RolloutGroup.train_step)
+            .where(RolloutGroup.campaign_id == campaign_id)
+            .order_by(RolloutGroup.iteration)
+        ).all()
+    assert trained == [1, 1, 2, 2, 3, 3, None]
+
+
+def test_training_settings_are_checked_before_anything_runs() -> None:
+    from harness.errors import UserError
+
+    with pytest.raises(UserError, match="candidates"):
+        build({"train_every": 2, "advantage": "grpo", "candidates": 3})
+    with pytest.raises(UserError, match="openai backend cannot load new weights"):
+        build({"train_every": 2, "backend": "openai", "base_url": "http://127.0.0.1:1/v1"})
+    with pytest.raises(UserError, match="advantage"):
+        build({"advantage": "ppo"})
+    with pytest.raises(UserError, match="true or false"):
+        build({"lora": "yes"})
+    # training off: a single-candidate estimator with m = 3 is not an error yet
+    assert build({"advantage": "grpo"}).advantage == "grpo"
+
+
+def test_the_config_knows_the_trainer_estimators() -> None:
+    from harness.config import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
+    from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
+
+    assert tuple(ESTIMATORS) == ADVANTAGES
+    assert SINGLE_CANDIDATE == SINGLE_CANDIDATE_ADVANTAGES
+
+
+def test_offline_training_writes_a_model_that_vpo_run_loads(
+    tiny_model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from harness.cli import main
+
+    db = tmp_path / "harvest.db"
+    store = Store.open(db)
+    run_campaign(build(fast_settings(tiny_model, iterations=3)), store, CirclePacking())
+    out = tmp_path / "trained"
+    args = ["train", "--db", str(db), "--out", str(out), "--steps", "3", "--groups-per-step", "2"]
+    assert main([*args, "--lr", "1e-3", "--lora", "--lora-rank", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("step ") >= 3 and "vpo run --model" in printed
+    report = json.loads((out / "vpo-train.json").read_text())
+    assert [s["step"] for s in report["steps"]] == [1, 2, 3]
+    assert report["objectives"] == ["n26", "n32"] and report["groups"] == 3
+    assert (out / "config.json").exists()  # a plain model folder, the adapter merged in
+
+    # `vpo run --model DIR` samples from it.
+    other = tmp_path / "next.db"
+    flags = ["--max-tokens", "16", "-G", "2", "-m", "2", "--workers", "1", "--iterations", "1"]
+    assert main(["run", "circle_packing", "--db", str(other), "--model", str(out), *flags]) == 0
+    assert summary_json(Store.open(other), 1)["trajectories"] == 2
+
+    # Bad input is one line each.
+    assert main([*args[:-4], "--advantage", "ppo"]) == 2
+    assert main(["train", "--db", str(db), "--out", str(out)]) == 2  # not empty
+    err = capsys.readouterr().err
+    assert "--advantage must be one of" in err and "is not an empty folder" in err
+    assert (
+        main(["train", "--db", str(db), "--out", str(tmp_path / "o"), "--advantage", "grpo"]) == 2
+    )
+    assert "one candidate per rollout" in capsys.readouterr().err

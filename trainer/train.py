@@ -82,9 +82,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.advantage not in ESTIMATORS:
-            raise ValueError(
-                f"advantage {self.advantage!r} is not one of {', '.join(ESTIMATORS)}"
-            )
+            raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
         if self.old_logprobs not in ("recompute", "sampler"):
             raise ValueError("old_logprobs must be 'recompute' or 'sampler'")
         if self.micro_batch < 1 or self.logit_chunk < 1 or self.num_weights < 1:
@@ -190,9 +188,17 @@ def train_step(
     config: TrainConfig = TrainConfig(),
     *,
     generator: torch.Generator | None = None,
+    accelerator: Any = None,
 ) -> StepMetrics:
-    """One optimiser step of `policy` on `groups`; returns what it measured."""
-    if not groups:
+    """One optimiser step of `policy` on `groups`; returns what it measured.
+
+    Under `accelerate launch` pass the `Accelerator` and give each process its own share of
+    the groups: the token count and the gradients are summed over the processes before the
+    step, so every process takes the same step as one process with all the groups would
+    (data parallel; the metrics are this process's). The model is not wrapped in DDP: the
+    loss runs the decoder and the vocabulary projection separately, which DDP cannot follow.
+    """
+    if not groups and getattr(accelerator, "num_processes", 1) == 1:
         raise ValueError("a training step needs at least one group")
     started = time.perf_counter()
     advantages = compute_advantages(groups, config, generator)
@@ -202,7 +208,13 @@ def train_step(
         if missing:
             raise ValueError(f"old_logprobs='sampler' but {missing} rollouts have no log-probs")
     rows = [_cut(r, config.max_tokens) for r in rollouts]
-    total_tokens = sum(len(completion) for _, completion, _ in rows)
+    local_tokens = sum(len(completion) for _, completion, _ in rows)
+    processes = getattr(accelerator, "num_processes", 1)
+    total_tokens = local_tokens
+    if processes > 1:
+        total_tokens = int(
+            accelerator.reduce(torch.tensor(local_tokens, device=policy.device), "sum")
+        )
     if total_tokens == 0:
         raise ValueError("the rollouts have no completion tokens to train on")
 
@@ -222,9 +234,7 @@ def train_step(
             with torch.no_grad(), policy.reference_model() as reference, policy.autocast():
                 ref = completion_logprobs(reference, batch, config)
         old = batch["sampler_logprobs"] if config.old_logprobs == "sampler" else logprobs
-        values = torch.tensor(
-            [advantages.per_rollout[i] for i in chosen], dtype=logprobs.dtype
-        )
+        values = torch.tensor([advantages.per_rollout[i] for i in chosen], dtype=logprobs.dtype)
         loss, parts = policy_loss(
             logprobs,
             old.detach(),
@@ -240,6 +250,11 @@ def train_step(
         sums["kl"] += parts.kl
         sums["clipped"] += parts.clipped
     parameters = policy.trainable_parameters()
+    if processes > 1:
+        for parameter in parameters:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            parameter.grad = accelerator.reduce(parameter.grad, "sum")
     if policy.config.grad_clip > 0:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, policy.config.grad_clip))
     else:
@@ -257,17 +272,17 @@ def train_step(
         step=policy.step,
         groups=len(groups),
         rollouts=len(rollouts),
-        tokens=total_tokens,
+        tokens=local_tokens,
         loss=sums["loss"],
-        policy_loss=sums["policy"] / total_tokens,
-        kl=sums["kl"] / total_tokens,
-        clip_fraction=sums["clipped"] / total_tokens,
+        policy_loss=sums["policy"] / max(local_tokens, 1),
+        kl=sums["kl"] / max(local_tokens, 1),
+        clip_fraction=sums["clipped"] / max(local_tokens, 1),
         grad_norm=grad_norm,
         set_score=float(np.mean(advantages.rewards)) if advantages.rewards else 0.0,
         zero_std_fraction=advantages.zero_std_groups / len(groups),
         diversity=float(np.mean(advantages.diversity)) if advantages.diversity else 0.0,
         seconds=seconds,
-        tokens_per_second=total_tokens / seconds,
+        tokens_per_second=local_tokens / seconds,
         advantage=config.advantage,
     )
 
