@@ -316,11 +316,15 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
     assert summary_json(Store.open(other), 1)["trajectories"] == 2
 
     # Bad input is one line each.
-    assert main([*args[:-4], "--advantage", "ppo"]) == 2
-    assert main(["train", "--db", str(db), "--out", str(out)]) == 2  # not empty
-    err = capsys.readouterr().err
-    assert "--advantage must be one of" in err and "is not an empty folder" in err
-    assert (
-        main(["train", "--db", str(db), "--out", str(tmp_path / "o"), "--advantage", "grpo"]) == 2
-    )
-    assert "one candidate per rollout" in capsys.readouterr().err
+    def fails(argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit:
+            main(argv)
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1
+        return err
+
+    assert "--advantage must be one of" in fails([*args[:-4], "--advantage", "ppo"])
+    assert "is not an empty folder" in fails(["train", "--db", str(db), "--out", str(out)])
+    grpo = ["train", "--db", str(db), "--out", str(tmp_path / "o"), "--advantage", "grpo"]
+    assert "one candidate per rollout" in fails(grpo)
