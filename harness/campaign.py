@@ -242,10 +242,9 @@ def evolve(
             if pending is not None:
                 pending.result()  # the previous iteration is stored before this one
                 train(campaign, generator)
-                if on_progress:
-                    on_progress(iteration, campaign.progress)
             pending = evaluator.submit(
-                evaluate_and_store,
+                _store_and_report,
+                on_progress,
                 campaign,
                 iteration,
                 selection,
@@ -260,8 +259,19 @@ def evolve(
         if pending is not None:
             pending.result()
             train(campaign, generator)
-            if on_progress:
-                on_progress(config.iterations, campaign.progress)
+
+
+def _store_and_report(
+    on_progress: Callable[[int, Progress], None] | None,
+    campaign: Campaign,
+    iteration: int,
+    *args: Any,
+) -> None:
+    """The evaluation thread's job: evaluate and store an iteration, then report it at once
+    (not when the next generation ends, which on a CPU is minutes later)."""
+    evaluate_and_store(campaign, iteration, *args)
+    if on_progress:
+        on_progress(iteration + 1, campaign.progress)
 
 
 def train(campaign: Campaign, generator: Generator) -> None:

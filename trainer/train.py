@@ -7,7 +7,8 @@ own batch), computes one advantage per rollout, and runs the policy loss over ev
 token in micro-batches whose gradients add up to one optimiser step. The log-probs of the
 completion tokens are computed from the last hidden states chunk by chunk, each chunk
 recomputed in the backward pass (the 49k-vocabulary logits of SmolLM2 would otherwise dominate
-memory: 8 x 256 tokens of them are 400 MB in fp32, and autograd would keep them all).
+memory: 8 x 256 tokens of them are 400 MB in fp32, and autograd would keep them all for the
+backward pass).
 
 This module knows nothing of the harness or the database: groups come in as token lists and
 score arrays. It runs the same under `accelerate launch` on several devices (see
@@ -75,7 +76,7 @@ class TrainConfig:
     k: int | None = None  # max@k's k; default max(2, G // 2)
     loss: LossConfig = field(default_factory=LossConfig)
     micro_batch: int = 8  # rollouts per forward/backward
-    logit_chunk: int = 512  # completion tokens per chunk of the vocabulary projection
+    logit_chunk: int = 2048  # completion tokens per chunk of the vocabulary projection
     temperature: float = 1.0  # the sampling temperature: log-probs are of logits / T
     old_logprobs: str = "recompute"  # or "sampler": the backend's, where every rollout has them
     max_tokens: int = 4096  # longest prompt + completion trained on; longer is cut at the end
@@ -300,9 +301,12 @@ def completion_logprobs(model: Any, batch: dict[str, Tensor], config: TrainConfi
     flat_states = states.reshape(-1, states.shape[-1])
     flat_targets = targets.reshape(-1)
     pieces = []
+    chunked = flat_states.shape[0] > config.logit_chunk
     for start in range(0, flat_states.shape[0], config.logit_chunk):
         chunk = slice(start, start + config.logit_chunk)
-        if torch.is_grad_enabled():
+        # Recomputing a chunk in the backward pass frees its logits meanwhile; with one chunk
+        # there is nothing to free and the recomputation would be wasted.
+        if chunked and torch.is_grad_enabled():
             piece = checkpoint(
                 _chunk_logprobs,
                 head,
