@@ -39,8 +39,12 @@ test: install backends system-deps
 lint: install
 	$(BIN)/ruff check .
 
+# The quick benchmarks (a few minutes); the long ones are listed in README.md.
 bench: install
+	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python benchmarks/sandbox_overhead.py
+	$(BIN)/python benchmarks/advantages_speed.py
+	$(BIN)/python benchmarks/vpo_vs_grpo.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis

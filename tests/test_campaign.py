@@ -328,3 +328,61 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
     assert "is not an empty folder" in fails(["train", "--db", str(db), "--out", str(out)])
     grpo = ["train", "--db", str(db), "--out", str(tmp_path / "o"), "--advantage", "grpo"]
     assert "one candidate per rollout" in fails(grpo)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
+    """The embedded model, trained twice in a real campaign: the weights change and the
+    generator samples from the new version (it holds the very weights the trainer stepped)."""
+    import torch
+
+    from harness.llm.transformers_backend import TransformersGenerator
+    from harness.training import start_trainer, trainer_generator
+    from trainer.models import load_model
+
+    settings = {
+        "problem": "circle_packing",
+        "model": "smollm2",
+        "group_size": 2,
+        "candidates": 2,
+        "max_tokens": 32,
+        "workers": 1,
+        "iterations": 3,
+        "train_every": 1,
+        "learning_rate": 1e-4,
+        "drafts": 0,
+    }
+    config = build(settings)
+    store = Store.open(tmp_path / "smollm2.db")
+    campaign_id = run_campaign(config, store, CirclePacking())
+    policies = store.policies(campaign_id)
+    assert [p.step for p in policies] == [1, 2, 3]
+    assert all(p.metrics["tokens"] > 0 and p.metrics["loss"] == p.metrics["loss"] for p in policies)
+    # Step 1 ran after iteration 1 was generated: iteration 2 was sampled from version 1.
+    with Session(store.engine) as session:
+        written_by = session.scalars(
+            select(RolloutGroup.policy_version_id).order_by(RolloutGroup.iteration)
+        ).all()
+    assert written_by == [None, None, policies[0].id]
+
+    # The weights moved away from the embedded model's.
+    start = load_model("smollm2", dtype=torch.float32)
+    trainer = start_trainer(config, store, campaign_id, "circle_packing", ["n26", "n32"])
+    assert trainer is not None and trainer.policy.step == 3
+    changed = [
+        name
+        for (name, a), b in zip(
+            start.named_parameters(), trainer.policy.model.parameters(), strict=True
+        )
+        if not torch.equal(a, b)
+    ]
+    assert changed
+
+    # A generator for the resumed campaign samples from the trained weights, not the start's.
+    generator = trainer_generator(config, trainer)
+    assert isinstance(generator, TransformersGenerator)
+    assert generator.hf_model is trainer.policy.model
+    ids = torch.tensor([store.training_groups(campaign_id)[0].rollouts[0].prompt_token_ids])
+    with torch.no_grad():
+        assert not torch.allclose(generator.hf_model(ids).logits, start(ids).logits)
