@@ -28,6 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from reporting import publish  # noqa: E402
+
 from trainer.advantages import vpo_advantages  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "advantages_speed.md"
@@ -113,10 +115,7 @@ def main() -> None:
         f"Target: under {TARGET_MS:.0f} ms at 128 x 8 x 3 x 16; this run {verdict} it.",
     ]
     report = "\n".join(lines) + "\n"
-    print(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
-    print(f"written to {RESULTS}")
+    publish(RESULTS, report)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from reporting import publish  # noqa: E402
+
 from harness.campaign import evolve, open_campaign, prepare  # noqa: E402
 from harness.config import CampaignConfig  # noqa: E402
 from harness.llm import make_generator  # noqa: E402
@@ -108,9 +110,7 @@ def main() -> None:
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {os.cpu_count()} CPUs, {platform.machine()}, Python "
         f"{platform.python_version()}",
-        "- command: `python benchmarks/generator_busy.py "
-        + " ".join(sys.argv[1:])
-        + "`",
+        "- command: `python benchmarks/generator_busy.py " + " ".join(sys.argv[1:]) + "`",
         f"- {args.problem}, {args.backend} backend, model {args.model} (loaded once, "
         f"{load:.0f} s, not on the clock), {args.iterations} iterations of G = "
         f"{args.group_size} rollouts x m = {config.candidates} candidates, max_tokens "
@@ -135,10 +135,7 @@ def main() -> None:
         "beside generation also slows generation down: compare tok/s over the wall too.",
     ]
     report = "\n".join(lines) + "\n"
-    print(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
-    print(f"written to {RESULTS}")
+    publish(RESULTS, report)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from reporting import publish  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "train_step_speed.md"
 TRL_VERSION = "1.16.0"
 TRL_VENV = Path(tempfile.gettempdir()) / "vpo-trl-venv"
@@ -257,10 +259,7 @@ def write(args: argparse.Namespace, rows: list[Any], dtype: str, torch_version: 
             f"{'meets' if met else 'misses'} it.",
         ]
     report = "\n".join(lines) + "\n"
-    print(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
-    print(f"written to {RESULTS}")
+    publish(RESULTS, report)
 
 
 if __name__ == "__main__":

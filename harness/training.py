@@ -75,20 +75,14 @@ def start_trainer(
         return None
     from trainer.loss import LossConfig
     from trainer.models import ModelError
-    from trainer.policy import Policy, PolicyConfig
+    from trainer.policy import Policy
     from trainer.train import TrainConfig
 
     latest = store.latest_policy(campaign_id)
     try:
         if latest is None:
-            policy = Policy.load(
-                config.model,
-                PolicyConfig(
-                    lr=config.learning_rate,
-                    lora=config.lora,
-                    lora_rank=config.lora_rank,
-                    reference=config.kl_beta > 0,
-                ),
+            policy = fresh_policy(
+                config.model, config.learning_rate, config.lora, config.lora_rank, config.kl_beta
             )
         else:
             policy = Policy.resume(latest.path)
@@ -121,6 +115,18 @@ def start_trainer(
         version_id=None if latest is None else latest.id,
         merged=config.backend == "vllm",
     )
+
+
+def fresh_policy(
+    model: str, lr: float, lora: bool, lora_rank: int, kl_beta: float, device: str | None = None
+) -> Policy:
+    """The starting policy: `model`'s weights, a reference only when the KL term is on."""
+    from trainer.policy import Policy, PolicyConfig
+
+    config = PolicyConfig(
+        lr=lr, lora=lora, lora_rank=lora_rank, reference=kl_beta > 0, device=device
+    )
+    return Policy.load(model, config)
 
 
 def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
@@ -209,7 +215,6 @@ def train_offline(
 
     from trainer.loss import LossConfig
     from trainer.models import ModelError
-    from trainer.policy import Policy, PolicyConfig
     from trainer.train import TrainConfig, train_step
 
     objectives = store.objectives(campaign_id)
@@ -227,15 +232,13 @@ def train_offline(
     accelerator = Accelerator()
     rank, processes = accelerator.process_index, accelerator.num_processes
     try:
-        policy = Policy.load(
+        policy = fresh_policy(
             settings.model,
-            PolicyConfig(
-                lr=settings.learning_rate,
-                lora=settings.lora,
-                lora_rank=settings.lora_rank,
-                reference=settings.kl_beta > 0,
-                device=str(accelerator.device),
-            ),
+            settings.learning_rate,
+            settings.lora,
+            settings.lora_rank,
+            settings.kl_beta,
+            device=str(accelerator.device),
         )
     except ModelError as error:
         raise UserError(str(error)) from None

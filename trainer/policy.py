@@ -193,10 +193,7 @@ class Policy:
 
     def save(self, folder: str | os.PathLike[str], *, optimizer: bool = True) -> Path:
         """Weights (or adapter), tokenizer, optimiser state and step into `folder`, atomically."""
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
+        with _atomic_folder(folder) as staging:
             self.model.save_pretrained(staging, safe_serialization=True)
             self.tokenizer.save_pretrained(staging)
             if optimizer:
@@ -205,39 +202,34 @@ class Policy:
             config["device"] = None
             state = {"step": self.step, "base": self.base, "config": config}
             (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(staging, folder)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return folder
+        return Path(folder)
 
     def save_merged(self, folder: str | os.PathLike[str]) -> Path:
         """A plain Hugging Face model folder any backend loads (`vpo run --model DIR`): the
         full weights, with a LoRA adapter merged in."""
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
+        with _atomic_folder(folder) as staging:
             model = self.model
             if self.config.lora:
                 model = copy.deepcopy(self.model).merge_and_unload()
             model.save_pretrained(staging, safe_serialization=True)
             self.tokenizer.save_pretrained(staging)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(staging, folder)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        return folder
+        return Path(folder)
 
-    def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights under the base model's names (what a serving engine loads)."""
-        if not self.config.lora:
-            return self.model.state_dict()
-        return copy.deepcopy(self.model).merge_and_unload().state_dict()
+
+@contextlib.contextmanager
+def _atomic_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """A staging folder beside `folder` that replaces it when the block ends without error."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        yield staging
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _with_lora(model: PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
