@@ -258,7 +258,8 @@ def evolve(
                 pending.result()
         if pending is not None:
             pending.result()
-            train(campaign, generator)
+            if train(campaign, generator) and on_progress:
+                on_progress(config.iterations, campaign.progress)  # show the last step too
 
 
 def _store_and_report(
@@ -274,14 +275,16 @@ def _store_and_report(
         on_progress(iteration + 1, campaign.progress)
 
 
-def train(campaign: Campaign, generator: Generator) -> None:
+def train(campaign: Campaign, generator: Generator) -> bool:
     """A training step when enough new groups wait (the generator is idle meanwhile: it may
-    share the weights being trained)."""
+    share the weights being trained); True when one ran."""
     if campaign.trainer is None:
-        return
+        return False
     metrics = maybe_train(campaign.trainer, generator)
-    if metrics is not None:
-        campaign.progress.train = metrics.line()
+    if metrics is None:
+        return False
+    campaign.progress.train = metrics.line()
+    return True
 
 
 def choose(

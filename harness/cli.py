@@ -363,7 +363,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         temperature=max(float(stored.get("temperature", 1.0)), 1e-3),
         seed=args.seed,
     )
-    print(f"training {settings.model} on campaign {campaign.name!r} of {store.where}")
+    # Under torchrun or `accelerate launch` every process runs this; one of them speaks.
+    speaks = os.environ.get("RANK", "0") == "0"
+    if speaks:
+        print(f"training {settings.model} on campaign {campaign.name!r} of {store.where}")
     history = train_offline(
         store,
         campaign.id,
@@ -371,7 +374,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         settings,
         on_step=lambda metrics: print(metrics.line(), flush=True),
     )
-    print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
+    if speaks:
+        print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
     return 0
 
 

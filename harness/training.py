@@ -229,7 +229,8 @@ def train_offline(
     batches = [groups[i : i + per_step] for i in range(0, len(groups), per_step)]
     steps = settings.steps if settings.steps is not None else len(batches)
     # One process unless started by `accelerate launch`; then each takes a share of each batch.
-    accelerator = Accelerator()
+    # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, processes = accelerator.process_index, accelerator.num_processes
     try:
         policy = fresh_policy(
@@ -273,6 +274,7 @@ def train_offline(
         "base_model": settings.model,
         "objectives": objectives,
         "groups": len(groups),
+        "processes": processes,
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(settings).items()},
         "steps": [m.as_dict() for m in history],
     }

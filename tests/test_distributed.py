@@ -1,0 +1,108 @@
+"""`vpo train` on two processes (torchrun, gloo on CPU) takes the step one process takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.records import CandidateRecord, NewProgram, RolloutRecord
+from harness.store import Store
+
+
+def harvested(db: Path, tokenizer_folder: str) -> None:
+    """A campaign of 4 groups, G = 2 rollouts of m = 2 candidates, with varied scores."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    store = Store.open(db)
+    campaign = store.create_campaign("c", "circle_packing", {"candidates": 2, "model": "x"}, 0)
+    seed = store.add_program(campaign, "seed = 1", status="ok", scores={"a": 0.1}, raw={})
+    prompt = tokenizer("Pack the circles")["input_ids"]
+    value = 0.05
+    for iteration in range(4):
+        rollouts = []
+        for position in range(2):
+            candidates = []
+            for index in (1, 2):
+                value = (value * 7.3 + 0.11) % 1.0
+                program = NewProgram(
+                    f"x = {iteration}{position}{index}", "ok", {"a": value, "b": 1 - value}, {}
+                )
+                candidates.append(CandidateRecord(index, "new", program))
+            text = f"answer {iteration} {position} " * (3 + position)
+            rollouts.append(
+                RolloutRecord(
+                    text, tokenizer(text)["input_ids"], None, "stop", "ok", None, candidates
+                )
+            )
+        store.record_iteration(
+            campaign,
+            iteration=iteration,
+            island=0,
+            parent_id=seed,
+            draft_ids=(),
+            prompt=[{"role": "user", "content": "pack"}],
+            prompt_token_ids=prompt,
+            rollouts=rollouts,
+        )
+    store.close()
+
+
+def train(launcher: list[str], db: Path, model: str, out: Path) -> dict:
+    command = [
+        *launcher,
+        "-m",
+        "harness.cli",
+        "train",
+        "--db",
+        str(db),
+        "--out",
+        str(out),
+        "--model",
+        model,
+        "--advantage",
+        "multi_rlvr",  # deterministic: the same advantages however the groups are split
+        "--steps",
+        "2",
+        "--groups-per-step",
+        "4",
+        "--lr",
+        "1e-2",
+        "--kl-beta",
+        "0",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "vpo-train.json").read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    db = tmp_path / "harvest.db"
+    harvested(db, tiny_model)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    one = train([sys.executable], db, tiny_model, tmp_path / "one")
+    two = train(torchrun, db, tiny_model, tmp_path / "two")
+    assert one["processes"] == 1 and two["processes"] == 2
+    # Each process trained on half of each batch's tokens.
+    assert [s["tokens"] for s in two["steps"]] != [s["tokens"] for s in one["steps"]]
+
+    start = AutoModelForCausalLM.from_pretrained(tiny_model)
+    single = AutoModelForCausalLM.from_pretrained(tmp_path / "one")
+    double = AutoModelForCausalLM.from_pretrained(tmp_path / "two")
+    moved = False
+    for (name, a), b, c in zip(
+        start.named_parameters(), single.parameters(), double.parameters(), strict=True
+    ):
+        moved |= not torch.equal(a, b)
+        assert torch.allclose(b, c, atol=1e-5), name
+    assert moved
