@@ -142,7 +142,7 @@ def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
 
     generator = make_generator(config.backend, config.model)
     if trainer.version_id is not None:
-        publish(trainer, generator, trainer.folder / _step_name(trainer.policy.step))
+        publish(trainer.policy, generator, trainer.folder / _step_name(trainer.policy.step))
     return generator
 
 
@@ -178,7 +178,7 @@ def maybe_train(trainer: Trainer, generator: Generator) -> StepMetrics | None:
         metrics=metrics.as_dict(),
         group_ids=[g.id for g in stored],
     )
-    publish(trainer, generator, folder)
+    publish(trainer.policy, generator, folder)
     trainer.last = metrics
     return metrics
 
@@ -283,10 +283,10 @@ def train_offline(
     return history
 
 
-def publish(trainer: Trainer, generator: Generator, folder: Path) -> None:
-    """Make `generator` sample from the policy's current weights."""
+def publish(policy: Policy, generator: Generator, folder: Path) -> None:
+    """Make `generator` sample from `policy`'s current weights, saved in `folder`."""
     hf_model = getattr(generator, "hf_model", None)
-    if hf_model is trainer.policy.model:
+    if hf_model is policy.model:
         return  # in-process transformers: the weights are shared
     reload = getattr(generator, "reload_weights", None)
     if reload is None:
@@ -294,8 +294,8 @@ def publish(trainer: Trainer, generator: Generator, folder: Path) -> None:
             f"the {getattr(generator, 'backend', '?')} backend cannot load new weights; "
             "train with the transformers or vllm backend"
         )
-    if trainer.policy.config.lora:
-        folder = trainer.policy.save_merged(folder.with_name(folder.name + "-merged"))
+    if policy.config.lora:
+        folder = policy.save_merged(folder.with_name(folder.name + "-merged"))
     reload(str(folder))
 
 

@@ -412,9 +412,28 @@ def test_vllm_generates_with_smollm2(
 
 def test_vllm_repeats_a_seed_and_reloads_weights_in_place(vllm_engine: Any) -> None:
     before = vllm_engine.generate(PROMPTS[:1], 2, SHORT)
-    started = time.perf_counter()
     vllm_engine.reload_weights()  # the same folder, so the samples must not change
-    assert time.perf_counter() - started < 30
+    assert vllm_engine.generate(PROMPTS[:1], 2, SHORT) == before
+
+
+def test_vllm_samples_from_a_published_policy_version(vllm_engine: Any, tmp_path: Path) -> None:
+    """What `vpo run --backend vllm --train-every K` does after each step: save the policy,
+    reload it into the running engine; the samples change, and come back with the old weights."""
+    import torch
+
+    from harness.training import publish
+    from trainer.policy import Policy, PolicyConfig
+
+    before = vllm_engine.generate(PROMPTS[:1], 2, SHORT)
+    policy = Policy.load("smollm2", PolicyConfig(reference=False))
+    with torch.no_grad():
+        for parameter in policy.model.parameters():
+            parameter.mul_(0.8)
+    publish(policy, vllm_engine, policy.save(tmp_path / "step-000001"))
+    try:
+        assert vllm_engine.generate(PROMPTS[:1], 2, SHORT) != before
+    finally:
+        vllm_engine.reload_weights()  # the embedded model again, for the other tests
     assert vllm_engine.generate(PROMPTS[:1], 2, SHORT) == before
 
 
