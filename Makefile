@@ -27,7 +27,7 @@ system-deps:
 
 # A short campaign on the embedded SmolLM2-135M-Instruct, on CPU; a fresh database each time.
 # G = 8 rollouts decode together in about the time of 4 on a CPU, and 256 tokens hold one
-# small program: three iterations take about 5 minutes here (benchmarks/results/generator_busy.md).
+# small program: `time make demo` took 4 min 16 s here once installed (see README.md).
 demo: install
 	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies
 	$(BIN)/vpo run circle_packing --db runs/demo.db --iterations 3 --group-size 8 --max-tokens 256
