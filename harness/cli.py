@@ -83,6 +83,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=cmd_status)
 
+    p = commands.add_parser("db", help="inspect a solution database")
+    db_commands = p.add_subparsers(dest="db_command", required=True, parser_class=_Parser)
+
+    def db_command(name: str, help: str) -> argparse.ArgumentParser:
+        sub = db_commands.add_parser(name, help=help)
+        sub.add_argument("--db", required=True, help="database file or URL")
+        sub.add_argument("--name", default=None, help="campaign name (default: the only one)")
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        return sub
+
+    db_command("stats", "counts, best values, policy versions").set_defaults(handler=cmd_db)
+    sub = db_command("top", "the best programs by an objective, weights or the mean")
+    sub.add_argument("--objective", default=None)
+    sub.add_argument("--weights", default=None, help="a,b,...: one weight per objective")
+    sub.add_argument("-n", type=_positive_int, default=10)
+    sub.set_defaults(handler=cmd_db)
+    db_command("pareto", "the non-dominated programs").set_defaults(handler=cmd_db)
+    sub = db_command("show", "one program: code, scores, where it came from")
+    sub.add_argument("id", type=_positive_int)
+    sub.set_defaults(handler=cmd_db)
+    sub = db_command("diff", "a program against its parent or another program")
+    sub.add_argument("id", type=_positive_int)
+    sub.add_argument("other", type=_positive_int, nargs="?", default=None)
+    sub.set_defaults(handler=cmd_db)
+    sub = db_command("lineage", "ancestry through parents and drafts")
+    sub.add_argument("id", type=_positive_int)
+    sub.set_defaults(handler=cmd_db)
+    sub = db_command("export", "programs or trajectories as JSONL or Parquet")
+    sub.add_argument("--what", default="programs", help="programs or trajectories")
+    sub.add_argument("--format", dest="fmt", default="jsonl", help="jsonl or parquet")
+    sub.add_argument("--out", required=True, help="file to write")
+    sub.set_defaults(handler=cmd_db)
+
     p = commands.add_parser("config", help="campaign configuration")
     config_commands = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
     show = config_commands.add_parser("show", help="print the effective config as TOML")
@@ -412,6 +445,159 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     Console().print(table)
     return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from harness import views
+    from harness.store import Store
+
+    store = Store.open(args.db, create=False)
+    campaign = _find_campaign(store, args.name, required=True)
+    command = args.db_command
+    if command == "export":
+        out = Path(args.out)
+        count = views.export(store, campaign.id, args.what, args.fmt, out)
+        if args.json:
+            print(json.dumps({"rows": count, "out": str(out)}))
+        else:
+            print(f"{count} {args.what} written to {out}")
+        return 0
+    if command == "stats":
+        data: Any = views.stats(store, campaign.id)
+    elif command == "top":
+        weights = None
+        if args.weights is not None:
+            try:
+                weights = [float(w) for w in args.weights.split(",")]
+            except ValueError:
+                raise UserError(
+                    f"--weights must be numbers separated by commas, not {args.weights!r}"
+                ) from None
+        data = views.top(store, campaign.id, objective=args.objective, weights=weights, n=args.n)
+    elif command == "pareto":
+        data = views.pareto(store, campaign.id)
+    elif command == "show":
+        data = views.show(store, args.id)
+    elif command == "diff":
+        data = views.diff(store, args.id, args.other)
+    else:
+        data = views.lineage(store, args.id)
+    if args.json:
+        print(json.dumps(data, default=str))
+    else:
+        _render(command, data)
+    return 0
+
+
+def _render(command: str, data: Any) -> None:
+    from rich.console import Console
+    from rich.syntax import Syntax
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console()
+    if command in ("top", "pareto"):
+        table = Table(title=f"{command}: {len(data)} programs")
+        objectives = sorted({k for row in data for k in row["scores"]})
+        for column in ("id", "island", "gen", "origin", *objectives):
+            table.add_column(column, justify="right")
+        if command == "top":
+            table.add_column("by", justify="right")
+        for row in data:
+            cells = [str(row["id"]), str(row["island"]), str(row["generation"]), row["origin"]]
+            cells += [_score_cell(row, name) for name in objectives]
+            if command == "top":
+                cells.append(f"{row['value']:.6f}")
+            table.add_row(*cells)
+        console.print(table)
+    elif command == "stats":
+        table = Table(title="database")
+        table.add_column("what")
+        table.add_column("value", justify="right")
+        for key in (
+            "programs",
+            "valid_programs",
+            "evaluations",
+            "groups",
+            "trajectories",
+            "policy_versions",
+            "tokens",
+        ):
+            table.add_row(key.replace("_", " "), str(data[key]))
+        for status, count in data["programs_by_status"].items():
+            table.add_row(f"programs {status}", str(count))
+        for objective, best in data["best"].items():
+            table.add_row(
+                f"best {objective}", f"{best['score']:.6f} (program {best['program_id']})"
+            )
+        console.print(table)
+    elif command == "show":
+        console.print(
+            Text(
+                f"program {data['id']}: {data['status']}, {data['origin']}, island "
+                f"{data['island']}, generation {data['generation']}, parent "
+                f"{data['parent_id']}"
+            )
+        )
+        for name, value in data["scores"].items():
+            raw = data["raw"].get(name)
+            console.print(Text(f"  {name}: {value:.6f} (raw {raw})"))
+        if data["error"]:
+            console.print(Text(f"feedback: {_inert(data['error'])}"))
+        detail = data["origin_detail"]
+        if detail:
+            rollout = detail["trajectory"]
+            console.print(
+                Text(
+                    f"from iteration {detail['iteration']} (group {detail['group_id']}), rollout "
+                    f"{rollout['position']}, candidate {data['candidate_index']}; drafts shown: "
+                    f"{detail['draft_ids'] or 'none'}; parse {rollout['parse_status']}"
+                )
+            )
+        console.print(Syntax(_inert(data["code"]), "python", line_numbers=True))
+    elif command == "diff":
+        if data["diff"]:
+            console.print(Syntax(_inert(data["diff"]), "diff"))
+        else:
+            console.print(Text(f"programs {data['from']} and {data['to']} have the same code"))
+    else:
+        table = Table(
+            title=f"lineage of program {data['program_id']}: depth {data['depth']}, "
+            f"islands {data['islands']}, mean children {data['branching']:.2f}"
+        )
+        for column in ("id", "island", "generation", "origin", "children"):
+            table.add_column(column, justify="right")
+        for step in data["path"]:
+            table.add_row(
+                *(str(step[k]) for k in ("id", "island", "generation", "origin", "children"))
+            )
+        console.print(table)
+        console.print(
+            Text(
+                f"{data['drafts_shown']} draft edges, "
+                f"{data['ancestors_in_graph']} programs in the graph"
+            )
+        )
+
+
+def _inert(text: str | None) -> str:
+    """Untrusted text (code, model output) with control characters shown, not obeyed: an ESC
+    in a candidate must not drive the user's terminal."""
+    if not text:
+        return ""
+    return "".join(
+        c if c in "\n\t" or (c.isprintable() and c != "\x7f") else f"\\x{ord(c):02x}" for c in text
+    )
+
+
+def _escape(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}"
+
+
+def _score_cell(row: dict[str, Any], name: str) -> str:
+    value = row["scores"].get(name)
+    return "-" if value is None else f"{value:.6f}"
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:

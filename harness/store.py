@@ -478,6 +478,157 @@ class Store:
             row.id, row.campaign_id, row.step, row.path, row.metrics, row.created_at
         )
 
+    # Inspection: what `vpo db` reads
+
+    def provenance(self, program_id: int) -> dict[str, Any] | None:
+        """Where an LLM program came from: its group (iteration, island, parent, drafts shown)
+        and the rollout that wrote it; None for seeds and migrants."""
+        with self._engine.connect() as connection:
+            row = connection.execute(
+                select(
+                    _TRAJECTORY.c.id,
+                    _TRAJECTORY.c.group_id,
+                    _TRAJECTORY.c.position,
+                    _TRAJECTORY.c.completion,
+                    _TRAJECTORY.c.num_tokens,
+                    _TRAJECTORY.c.finish_reason,
+                    _TRAJECTORY.c.parse_status,
+                    _TRAJECTORY.c.parse_error,
+                    _TRAJECTORY.c.policy_version_id,
+                    _GROUP.c.iteration,
+                    _GROUP.c.island,
+                    _GROUP.c.parent_program_id,
+                    _GROUP.c.train_step,
+                )
+                .join(_GROUP, _GROUP.c.id == _TRAJECTORY.c.group_id)
+                .join(_PROGRAM, _PROGRAM.c.trajectory_id == _TRAJECTORY.c.id)
+                .where(_PROGRAM.c.id == program_id)
+            ).one_or_none()
+            if row is None:
+                return None
+            drafts = connection.execute(
+                select(_DRAFT.c.program_id)
+                .where(_DRAFT.c.group_id == row.group_id)
+                .order_by(_DRAFT.c.position)
+            ).scalars()
+            return {
+                "group_id": row.group_id,
+                "iteration": row.iteration,
+                "island": row.island,
+                "parent_id": row.parent_program_id,
+                "draft_ids": list(drafts),
+                "trained_in_step": row.train_step,
+                "trajectory": {
+                    "id": row.id,
+                    "position": row.position,
+                    "completion": row.completion,
+                    "num_tokens": row.num_tokens,
+                    "finish_reason": row.finish_reason,
+                    "parse_status": row.parse_status,
+                    "parse_error": row.parse_error,
+                    "policy_version_id": row.policy_version_id,
+                },
+            }
+
+    def ancestry(self, program_id: int) -> list[tuple[int, int | None, int, int, str]]:
+        """(id, parent id, island, generation, origin) of the program and every ancestor
+        through parent links, the program first: one recursive query."""
+        chain = (
+            select(_PROGRAM.c.id, _PROGRAM.c.parent_id)
+            .where(_PROGRAM.c.id == program_id)
+            .cte("chain", recursive=True)
+        )
+        chain = chain.union(
+            select(_PROGRAM.c.id, _PROGRAM.c.parent_id).join(
+                chain, _PROGRAM.c.id == chain.c.parent_id
+            )
+        )
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(
+                    _PROGRAM.c.id,
+                    _PROGRAM.c.parent_id,
+                    _PROGRAM.c.island,
+                    _PROGRAM.c.generation,
+                    _PROGRAM.c.origin,
+                ).join(chain, chain.c.id == _PROGRAM.c.id)
+            ).all()
+        by_id = {r.id: tuple(r) for r in rows}
+        ordered, current = [], program_id
+        while current in by_id and len(ordered) < len(by_id):
+            ordered.append(by_id[current])
+            current = by_id[current][1]
+        return ordered
+
+    def children_counts(self, ids: Sequence[int]) -> dict[int, int]:
+        """How many programs name each of `ids` as their parent."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(_PROGRAM.c.parent_id, func.count())
+                .where(_PROGRAM.c.parent_id.in_(list(ids)))
+                .group_by(_PROGRAM.c.parent_id)
+            ).all()
+        return {parent: count for parent, count in rows}
+
+    def iter_programs(self, campaign_id: int, batch: int = 1000) -> Iterator[ProgramRecord]:
+        """Every program of the campaign in id order, read `batch` at a time."""
+        after = 0
+        while True:
+            with self._engine.connect() as connection:
+                rows = connection.execute(
+                    select(_PROGRAM)
+                    .where(_PROGRAM.c.campaign_id == campaign_id, _PROGRAM.c.id > after)
+                    .order_by(_PROGRAM.c.id)
+                    .limit(batch)
+                ).all()
+                if not rows:
+                    return
+                scores: dict[int, list[Any]] = {}
+                for score in connection.execute(
+                    select(_SCORE)
+                    .where(_SCORE.c.program_id.in_([r.id for r in rows]))
+                    .order_by(_SCORE.c.program_id, _SCORE.c.objective)
+                ):
+                    scores.setdefault(score.program_id, []).append(score)
+            for row in rows:
+                yield _program_row_record(row, scores.get(row.id, []))
+            after = rows[-1].id
+
+    def iter_trajectory_groups(
+        self, campaign_id: int, batch: int = 200
+    ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
+        """(group, its trajectories) in iteration order, with every column the trainer uses."""
+        after = -1
+        while True:
+            with self._engine.connect() as connection:
+                groups = connection.execute(
+                    select(_GROUP)
+                    .where(_GROUP.c.campaign_id == campaign_id, _GROUP.c.iteration > after)
+                    .order_by(_GROUP.c.iteration)
+                    .limit(batch)
+                ).all()
+                if not groups:
+                    return
+                trajectories: dict[int, list[dict[str, Any]]] = {}
+                for row in connection.execute(
+                    select(_TRAJECTORY)
+                    .where(_TRAJECTORY.c.group_id.in_([g.id for g in groups]))
+                    .order_by(_TRAJECTORY.c.group_id, _TRAJECTORY.c.position)
+                ):
+                    trajectories.setdefault(row.group_id, []).append(dict(row._mapping))
+                drafts: dict[int, list[int]] = {}
+                for row in connection.execute(
+                    select(_DRAFT)
+                    .where(_DRAFT.c.group_id.in_([g.id for g in groups]))
+                    .order_by(_DRAFT.c.group_id, _DRAFT.c.position)
+                ):
+                    drafts.setdefault(row.group_id, []).append(row.program_id)
+            for group in groups:
+                record = dict(group._mapping)
+                record["draft_ids"] = drafts.get(group.id, [])
+                yield record, trajectories.get(group.id, [])
+            after = groups[-1].iteration
+
     def iterations_done(self, campaign_id: int) -> int:
         with self._reading() as session:
             return (

@@ -1,0 +1,273 @@
+"""Read-only views of a solution database: what `vpo db ...` prints (and the dashboard shows).
+
+Each view returns plain JSON-ready data; the CLI renders it as a table or prints it as JSON.
+Views read through `Store` with aggregate and keyed queries: score vectors as arrays, code only
+for the handful of programs a view names.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UserError
+from harness.records import ProgramRecord
+from harness.selection import pareto_front
+from harness.store import Store
+
+
+def stats(store: Store, campaign_id: int) -> dict[str, Any]:
+    from harness.campaign import summary_json
+
+    report = summary_json(store, campaign_id)
+    counts = store.counts(campaign_id)
+    report["programs_by_status"] = counts.programs
+    report["events"] = counts.events
+    report["objectives"] = store.objectives(campaign_id)
+    report["policy_steps"] = [p.step for p in store.policies(campaign_id)]
+    return report
+
+
+def top(
+    store: Store,
+    campaign_id: int,
+    *,
+    objective: str | None = None,
+    weights: Sequence[float] | None = None,
+    n: int = 10,
+) -> list[dict[str, Any]]:
+    """The n best valid programs by one objective, by a weighted sum, or by the mean."""
+    objectives = store.objectives(campaign_id)
+    ids, _, valid, scores, hashes = store.program_vectors(campaign_id, objectives)
+    if objective is not None and weights is not None:
+        raise UserError("give --objective or --weights, not both")
+    if objective is not None:
+        if objective not in objectives:
+            raise UserError(f"no objective {objective!r}; the campaign has {', '.join(objectives)}")
+        key = scores[:, objectives.index(objective)]
+    elif weights is not None:
+        if len(weights) != len(objectives) or any(w < 0 for w in weights) or not sum(weights):
+            raise UserError(
+                f"--weights needs {len(objectives)} numbers >= 0, not all 0 "
+                f"(one per objective: {', '.join(objectives)})"
+            )
+        key = scores @ (np.asarray(weights, dtype=float) / sum(weights))
+    else:
+        key = scores.mean(axis=1) if len(objectives) else np.zeros(len(ids))
+    chosen = _distinct(np.flatnonzero(valid)[np.argsort(-key[valid], kind="stable")], hashes, n)
+    return [
+        {**_row(p), "value": float(key[i])}
+        for p, i in zip(store.programs_by_ids([int(ids[i]) for i in chosen]), chosen, strict=True)
+    ]
+
+
+def pareto(store: Store, campaign_id: int) -> list[dict[str, Any]]:
+    """The valid programs no other valid program beats in every objective (one per code)."""
+    objectives = store.objectives(campaign_id)
+    ids, _, valid, scores, hashes = store.program_vectors(campaign_id, objectives)
+    rows = np.flatnonzero(valid)
+    front = rows[pareto_front(scores[rows])]
+    front = front[np.lexsort(scores[front].T[::-1])[::-1]]  # best first objective first
+    chosen = _distinct(front, hashes, len(front))
+    return [_row(p) for p in store.programs_by_ids([int(ids[i]) for i in chosen])]
+
+
+def show(store: Store, program_id: int) -> dict[str, Any]:
+    program = _program(store, program_id)
+    return {
+        **_row(program),
+        "code": program.code,
+        "code_hash": program.code_hash,
+        "error": program.error,
+        "eval_seconds": program.eval_seconds,
+        "metrics": program.metrics,
+        "created_at": program.created_at.isoformat(),
+        "candidate_index": program.candidate_index,
+        "origin_detail": store.provenance(program_id),
+    }
+
+
+def diff(store: Store, program_id: int, other_id: int | None = None) -> dict[str, Any]:
+    """A unified diff from `other_id` (default: the program's parent) to the program."""
+    program = _program(store, program_id)
+    if other_id is None:
+        if program.parent_id is None:
+            raise UserError(f"program {program_id} has no parent; name one to compare with")
+        other_id = program.parent_id
+    other = _program(store, other_id)
+    lines = difflib.unified_diff(
+        other.code.splitlines(keepends=True),
+        program.code.splitlines(keepends=True),
+        fromfile=f"program {other_id}",
+        tofile=f"program {program_id}",
+    )
+    return {"from": other_id, "to": program_id, "diff": "".join(lines)}
+
+
+def lineage(store: Store, program_id: int) -> dict[str, Any]:
+    """Ancestry through parents and the drafts each ancestor's prompt showed, as a graph."""
+    import networkx as nx
+
+    _program(store, program_id)
+    chain = store.ancestry(program_id)
+    graph = nx.DiGraph()
+    for pid, parent, island, generation, origin in chain:
+        graph.add_node(pid, island=island, generation=generation, origin=origin)
+        if parent is not None:
+            graph.add_edge(parent, pid, kind="parent")
+    for pid, *_ in chain:
+        detail = store.provenance(pid)
+        for draft in (detail or {}).get("draft_ids", []):
+            if not graph.has_node(draft):
+                graph.add_node(draft)
+            graph.add_edge(draft, pid, kind="draft")
+    children = store.children_counts([pid for pid, *_ in chain])
+    return {
+        "program_id": program_id,
+        "depth": len(chain) - 1,
+        "path": [
+            {
+                "id": pid,
+                "island": island,
+                "generation": generation,
+                "origin": origin,
+                "children": children.get(pid, 0),
+            }
+            for pid, _, island, generation, origin in chain
+        ],
+        "islands": sorted({island for _, _, island, _, _ in chain}),
+        "branching": float(np.mean([children.get(pid, 0) for pid, *_ in chain[1:]]))
+        if len(chain) > 1
+        else 0.0,
+        "drafts_shown": sum(1 for *_, kind in graph.edges(data="kind") if kind == "draft"),
+        "ancestors_in_graph": graph.number_of_nodes() - 1,
+        "edges": [{"from": a, "to": b, "kind": kind} for a, b, kind in graph.edges(data="kind")],
+    }
+
+
+def export(store: Store, campaign_id: int, what: str, fmt: str, out: Path) -> int:
+    """Write programs or trajectories as JSONL (or Parquet); returns the number of rows."""
+    if what not in ("programs", "trajectories"):
+        raise UserError(f"--what must be programs or trajectories, not {what!r}")
+    if fmt not in ("jsonl", "parquet"):
+        raise UserError(f"--format must be jsonl or parquet, not {fmt!r}")
+    rows = (
+        _program_rows(store, campaign_id)
+        if what == "programs"
+        else _trajectory_rows(store, campaign_id)
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UserError("--format parquet needs pyarrow: pip install pyarrow") from None
+        table = pa.Table.from_pylist(list(rows))
+        pq.write_table(table, out)
+        return table.num_rows
+    count = 0
+    staging = out.with_name(out.name + ".partial")
+    with staging.open("w", encoding="utf-8") as file:
+        for row in rows:
+            file.write(json.dumps(row, default=str) + "\n")
+            count += 1
+    staging.replace(out)
+    return count
+
+
+def _program_rows(store: Store, campaign_id: int) -> Iterator[dict[str, Any]]:
+    for p in store.iter_programs(campaign_id):
+        yield {
+            **_row(p),
+            "code": p.code,
+            "code_hash": p.code_hash,
+            "error": p.error,
+            "eval_seconds": p.eval_seconds,
+            "trajectory_id": p.trajectory_id,
+            "candidate_index": p.candidate_index,
+            "created_at": p.created_at.isoformat(),
+        }
+
+
+def _trajectory_rows(store: Store, campaign_id: int) -> Iterator[dict[str, Any]]:
+    """One row per rollout with its group and its (m x d) reward matrix, zeros and mask False
+    where a candidate slot holds no program: what a trainer reads."""
+    objectives = store.objectives(campaign_id)
+    for group, trajectories in store.iter_trajectory_groups(campaign_id):
+        wanted = {
+            slot["program_id"]
+            for t in trajectories
+            for slot in t["candidates"]
+            if slot.get("program_id") is not None
+        }
+        scores = {p.id: p.scores for p in store.programs_by_ids(sorted(wanted))}
+        for t in trajectories:
+            slots = sorted(t["candidates"], key=lambda slot: slot["index"])
+            yield {
+                "group_id": group["id"],
+                "iteration": group["iteration"],
+                "island": group["island"],
+                "parent_id": group["parent_program_id"],
+                "draft_ids": group["draft_ids"],
+                "prompt": group["prompt"],
+                "prompt_token_ids": group["prompt_token_ids"],
+                "train_step": group["train_step"],
+                "trajectory_id": t["id"],
+                "position": t["position"],
+                "completion": t["completion"],
+                "token_ids": t["token_ids"],
+                "logprobs": t["logprobs"],
+                "finish_reason": t["finish_reason"],
+                "parse_status": t["parse_status"],
+                "policy_version_id": t["policy_version_id"],
+                "candidates": slots,
+                "objectives": objectives,
+                "rewards": [
+                    [
+                        float(scores.get(slot.get("program_id"), {}).get(name, 0.0))
+                        for name in objectives
+                    ]
+                    for slot in slots
+                ],
+                "mask": [slot.get("program_id") is not None for slot in slots],
+            }
+
+
+def _distinct(order: np.ndarray, hashes: list[str], n: int) -> list[int]:
+    """The first n positions of `order` whose code was not seen earlier (migrants are copies)."""
+    seen: set[str] = set()
+    chosen: list[int] = []
+    for i in order:
+        if hashes[i] in seen:
+            continue
+        seen.add(hashes[i])
+        chosen.append(int(i))
+        if len(chosen) == n:
+            break
+    return chosen
+
+
+def _program(store: Store, program_id: int) -> ProgramRecord:
+    program = store.program(program_id)
+    if program is None:
+        raise UserError(f"no program {program_id} in {store.where}")
+    return program
+
+
+def _row(p: ProgramRecord) -> dict[str, Any]:
+    return {
+        "id": p.id,
+        "island": p.island,
+        "generation": p.generation,
+        "origin": p.origin,
+        "status": p.status,
+        "parent_id": p.parent_id,
+        "scores": dict(p.scores),
+        "raw": dict(p.raw),
+    }
