@@ -585,9 +585,7 @@ def _inert(text: str | None) -> str:
     in a candidate must not drive the user's terminal."""
     if not text:
         return ""
-    return "".join(
-        c if c in "\n\t" or (c.isprintable() and c != "\x7f") else f"\\x{ord(c):02x}" for c in text
-    )
+    return "".join(c if c in "\n\t" or c.isprintable() else _escape(c) for c in text)
 
 
 def _escape(character: str) -> str:
