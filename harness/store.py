@@ -1083,7 +1083,9 @@ def _write_rollouts(
                         "outcome": c.outcome,
                         "program_id": None
                         if c.outcome == "unparsed"
-                        else known.get(c.code_hash or ""),
+                        else known.get(
+                            code_hash(c.program.code) if c.program else c.code_hash or ""
+                        ),
                         "reason": c.reason,
                     }
                     for c in rollout.candidates

@@ -93,6 +93,7 @@ def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path
     one = train([sys.executable], db, tiny_model, tmp_path / "one")
     two = train(torchrun, db, tiny_model, tmp_path / "two")
     assert one["processes"] == 1 and two["processes"] == 2
+    assert all(step["zero_std_fraction"] < 1 for step in one["steps"])  # real advantages
     # Each process trained on half of each batch's tokens.
     assert [s["tokens"] for s in two["steps"]] != [s["tokens"] for s in one["steps"]]
 

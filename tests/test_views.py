@@ -1,0 +1,169 @@
+"""`vpo db` views over a small real database whose answers are known."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.records import CandidateRecord, NewProgram, RolloutRecord
+from harness.store import Store
+
+SEED = "def f():\n    return 0\n"
+HOSTILE = "<script>alert(1)</script>\x1b[2J"
+
+
+def program(code: str, a: float, b: float, status: str = "ok") -> NewProgram:
+    return NewProgram(code, status, {"a": a, "b": b}, {"a": a * 10, "b": None})
+
+
+def rollout(*candidates: CandidateRecord) -> RolloutRecord:
+    return RolloutRecord("text", [1, 2, 3], [-0.1, -0.2, -0.3], "stop", "ok", None, candidates)
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    """seed (0.5, 0.5) -> iteration 0: A (0.9, 0.1), B (0.1, 0.9), C failed;
+    iteration 1, parent A, draft B: D (0.95, 0.2) and an unparsed slot."""
+    path = tmp_path / "views.db"
+    store = Store.open(path)
+    campaign = store.create_campaign("c", "toy", {"candidates": 2}, 0)
+    seed = store.add_program(campaign, SEED, status="ok", scores={"a": 0.5, "b": 0.5}, raw={})
+    store.record_iteration(
+        campaign,
+        iteration=0,
+        island=0,
+        parent_id=seed,
+        draft_ids=(),
+        prompt=[{"role": "user", "content": "improve"}],
+        prompt_token_ids=[5, 6],
+        rollouts=[
+            rollout(
+                CandidateRecord(1, "new", program("def f():\n    return 1\n", 0.9, 0.1)),
+                CandidateRecord(2, "new", program("def f():\n    return 2\n", 0.1, 0.9)),
+            ),
+            rollout(
+                CandidateRecord(1, "new", program(HOSTILE, 0, 0, "error")),
+                CandidateRecord(2, "unparsed", reason="no candidate 2"),
+            ),
+        ],
+    )
+    a, b, c = 2, 3, 4
+    store.record_iteration(
+        campaign,
+        iteration=1,
+        island=1,
+        parent_id=a,
+        draft_ids=(b,),
+        prompt=[{"role": "user", "content": "improve more"}],
+        prompt_token_ids=[7],
+        rollouts=[
+            rollout(
+                CandidateRecord(1, "new", program("def f():\n    return 11\n", 0.95, 0.2)),
+                CandidateRecord(2, "unparsed", reason="truncated"),
+            )
+        ],
+    )
+    assert c == 4
+    store.close()
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
+    assert main(["db", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_top_by_objective_weights_and_mean(database: Path, capsys: pytest.CaptureFixture) -> None:
+    db = str(database)
+    by_a = run(capsys, "top", "--db", db, "--objective", "a")
+    assert [row["id"] for row in by_a] == [5, 2, 1, 3]  # the failed program is not listed
+    by_b = run(capsys, "top", "--db", db, "--weights", "0,1", "-n", "2")
+    assert [row["id"] for row in by_b] == [3, 1]
+    assert by_b[0]["value"] == pytest.approx(0.9)
+    by_mean = run(capsys, "top", "--db", db, "-n", "1")
+    assert by_mean[0]["id"] == 5 and by_mean[0]["value"] == pytest.approx(0.575)
+
+
+def test_pareto_front(database: Path, capsys: pytest.CaptureFixture) -> None:
+    front = run(capsys, "pareto", "--db", str(database))
+    assert sorted(row["id"] for row in front) == [1, 3, 5]  # A is beaten by D, C failed
+
+
+def test_show_diff_and_lineage(database: Path, capsys: pytest.CaptureFixture) -> None:
+    db = str(database)
+    shown = run(capsys, "show", "--db", db, "5")
+    assert shown["parent_id"] == 2 and shown["scores"] == {"a": 0.95, "b": 0.2}
+    assert shown["raw"]["a"] == pytest.approx(9.5) and shown["raw"]["b"] is None
+    detail = shown["origin_detail"]
+    assert detail["iteration"] == 1 and detail["draft_ids"] == [3] and detail["island"] == 1
+    assert detail["trajectory"]["position"] == 0 and shown["candidate_index"] == 1
+    assert run(capsys, "show", "--db", db, "1")["origin_detail"] is None  # the seed
+
+    change = run(capsys, "diff", "--db", db, "5")
+    assert change["from"] == 2 and "-    return 1" in change["diff"]
+    assert "+    return 11" in change["diff"]
+    assert run(capsys, "diff", "--db", db, "5", "3")["from"] == 3
+
+    tree = run(capsys, "lineage", "--db", db, "5")
+    assert tree["depth"] == 2 and [step["id"] for step in tree["path"]] == [5, 2, 1]
+    assert tree["islands"] == [0, 1] and tree["drafts_shown"] == 1
+    assert {"from": 3, "to": 5, "kind": "draft"} in tree["edges"]
+    assert tree["path"][2]["children"] == 3  # the seed's: A, B, C
+
+
+def test_export_programs_and_trajectories(
+    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    db = str(database)
+    out = tmp_path / "programs.jsonl"
+    assert run(capsys, "export", "--db", db, "--out", str(out))["rows"] == 5
+    programs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [p["id"] for p in programs] == [1, 2, 3, 4, 5]
+    assert programs[3]["code"] == HOSTILE and programs[3]["status"] == "error"
+
+    out = tmp_path / "trajectories.jsonl"
+    argv = ["export", "--db", db, "--what", "trajectories", "--out", str(out)]
+    assert run(capsys, *argv)["rows"] == 3
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["iteration"], r["position"]) for r in rows] == [(0, 0), (0, 1), (1, 0)]
+    assert rows[0]["objectives"] == ["a", "b"]
+    assert rows[0]["rewards"] == [[0.9, 0.1], [0.1, 0.9]] and rows[0]["mask"] == [True, True]
+    assert rows[1]["rewards"] == [[0.0, 0.0], [0.0, 0.0]] and rows[1]["mask"] == [True, False]
+    assert rows[2]["draft_ids"] == [3] and rows[2]["prompt_token_ids"] == [7]
+    assert rows[2]["token_ids"] == [1, 2, 3] and rows[2]["logprobs"] == [-0.1, -0.2, -0.3]
+
+
+def test_tables_render_and_untrusted_text_stays_inert(
+    database: Path, capsys: pytest.CaptureFixture
+) -> None:
+    db = str(database)
+    for argv in (["stats"], ["top"], ["pareto"], ["show", "4"], ["diff", "4"], ["lineage", "5"]):
+        assert main(["db", *argv, "--db", db]) == 0
+    printed = capsys.readouterr().out
+    assert "<script>alert(1)</script>" in printed  # shown as text
+    assert "\x1b" not in printed and "\\x1b[2J" in printed  # the ESC is shown, not obeyed
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["show", "99"], "no program 99"),
+        (["top", "--weights", "1"], "--weights needs 2 numbers"),
+        (["top", "--weights", "x,y"], "numbers separated by commas"),
+        (["top", "--objective", "c"], "no objective 'c'"),
+        (["diff", "1"], "has no parent"),
+        (["export", "--out", "x", "--format", "xml"], "jsonl or parquet"),
+        (["export", "--out", "x", "--what", "groups"], "programs or trajectories"),
+    ],
+)
+def test_bad_requests_are_one_line(
+    database: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["db", *argv, "--db", str(database)])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
