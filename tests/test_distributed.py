@@ -32,7 +32,7 @@ def harvested(db: Path, tokenizer_folder: str) -> None:
             for index in (1, 2):
                 value = (value * 7.3 + 0.11) % 1.0
                 program = NewProgram(
-                    f"x = {iteration}{position}{index}", "ok", {"a": value, "b": 1 - value}, {}
+                    f"x = {iteration}{position}{index}", "ok", {"a": value, "b": value**2}, {}
                 )
                 candidates.append(CandidateRecord(index, "new", program))
             text = f"answer {iteration} {position} " * (3 + position)
@@ -100,10 +100,17 @@ def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path
     start = AutoModelForCausalLM.from_pretrained(tiny_model)
     single = AutoModelForCausalLM.from_pretrained(tmp_path / "one")
     double = AutoModelForCausalLM.from_pretrained(tmp_path / "two")
-    moved = False
-    for (name, a), b, c in zip(
-        start.named_parameters(), single.parameters(), double.parameters(), strict=True
-    ):
-        moved |= not torch.equal(a, b)
-        assert torch.allclose(b, c, atol=1e-5), name
-    assert moved
+
+    # Adam divides each gradient by its own size, so components that are zero up to rounding
+    # move by up to lr either way: compare the whole update, not each weight.
+    @torch.no_grad()
+    def update(model: torch.nn.Module) -> torch.Tensor:
+        return torch.cat(
+            [(b - a).flatten() for a, b in zip(start.parameters(), model.parameters(), strict=True)]
+        )
+
+    one_step, two_steps = update(single), update(double)
+    assert one_step.norm() > 0
+    cosine = torch.nn.functional.cosine_similarity(one_step, two_steps, dim=0)
+    assert cosine > 0.99
+    assert two_steps.norm() == pytest.approx(one_step.norm().item(), rel=0.02)
