@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = db_command("lineage", "ancestry through parents and drafts")
     sub.add_argument("id", type=_positive_int)
     sub.set_defaults(handler=cmd_db)
+    sub = db_command("plot", "PNG plots of progress, Pareto fronts and training")
+    sub.add_argument("--out", required=True, help="folder for the PNG files")
+    sub.add_argument("--pair", default=None, help="x,y: one pair of objectives to plot")
+    sub.set_defaults(handler=cmd_db)
     sub = db_command("export", "programs or trajectories as JSONL or Parquet")
     sub.add_argument("--what", default="programs", help="programs or trajectories")
     sub.add_argument("--format", dest="fmt", default="jsonl", help="jsonl or parquet")
@@ -461,6 +465,14 @@ def cmd_db(args: argparse.Namespace) -> int:
             print(json.dumps({"rows": count, "out": str(out)}))
         else:
             print(f"{count} {args.what} written to {out}")
+        return 0
+    if command == "plot":
+        pair = None if args.pair is None else args.pair.split(",")
+        files = views.plot(store, campaign.id, Path(args.out), pair)
+        if args.json:
+            print(json.dumps({"files": [str(f) for f in files]}))
+        else:
+            print("\n".join(str(f) for f in files))
         return 0
     if command == "stats":
         data: Any = views.stats(store, campaign.id)

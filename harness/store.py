@@ -530,6 +530,26 @@ class Store:
                 },
             }
 
+    def timeline(self, campaign_id: int) -> dict[str, list[Any]]:
+        """When programs were stored and tokens generated: (created_at, ...) rows in order,
+        for plots of progress over time."""
+        with self._engine.connect() as connection:
+            programs = connection.execute(
+                select(_PROGRAM.c.created_at, _PROGRAM.c.origin)
+                .where(_PROGRAM.c.campaign_id == campaign_id)
+                .order_by(_PROGRAM.c.id)
+            ).all()
+            tokens = connection.execute(
+                select(_TRAJECTORY.c.created_at, _TRAJECTORY.c.num_tokens)
+                .join(_GROUP, _GROUP.c.id == _TRAJECTORY.c.group_id)
+                .where(_GROUP.c.campaign_id == campaign_id)
+                .order_by(_TRAJECTORY.c.id)
+            ).all()
+        return {
+            "programs": [(row.created_at, row.origin) for row in programs],
+            "tokens": [(row.created_at, row.num_tokens) for row in tokens],
+        }
+
     def ancestry(self, program_id: int) -> list[tuple[int, int | None, int, int, str]]:
         """(id, parent id, island, generation, origin) of the program and every ancestor
         through parent links, the program first: one recursive query."""

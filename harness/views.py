@@ -181,6 +181,88 @@ def export(store: Store, campaign_id: int, what: str, fmt: str, out: Path) -> in
     return count
 
 
+def plot(
+    store: Store, campaign_id: int, out: Path, pair: Sequence[str] | None = None
+) -> list[Path]:
+    """PNG files in `out`: best value per objective over evaluations, the Pareto front of each
+    pair of objectives (or of `pair`), diversity and set score over training steps, and
+    evaluations and tokens over time. Returns the files written."""
+    import itertools
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objectives = store.objectives(campaign_id)
+    if pair is not None and (len(pair) != 2 or any(p not in objectives for p in pair)):
+        raise UserError(f"--pair needs two of the objectives {', '.join(objectives)}")
+    ids, _, valid, scores, _ = store.program_vectors(campaign_id, objectives)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    counted = np.where(valid[:, None], scores, 0.0)
+    for j, name in enumerate(objectives):
+        axis.plot(np.arange(1, len(ids) + 1), np.maximum.accumulate(counted[:, j]), label=name)
+    axis.set(xlabel="programs evaluated", ylabel="best score", title="Best value per objective")
+    written.append(_save(figure, axis, out / "best.png"))
+
+    pairs = [tuple(pair)] if pair is not None else list(itertools.combinations(objectives, 2))
+    for x_name, y_name in pairs:
+        x, y = objectives.index(x_name), objectives.index(y_name)
+        figure, axis = plt.subplots(figsize=(5.5, 5))
+        points = scores[valid][:, [x, y]]
+        axis.scatter(points[:, 0], points[:, 1], s=8, alpha=0.4, label="valid programs")
+        front = points[pareto_front(points)]
+        front = front[np.argsort(front[:, 0])]
+        axis.plot(front[:, 0], front[:, 1], "o-", color="C3", label="Pareto front")
+        axis.set(xlabel=x_name, ylabel=y_name, title=f"Pareto front: {x_name} vs {y_name}")
+        written.append(_save(figure, axis, out / f"pareto_{_file(x_name)}_{_file(y_name)}.png"))
+
+    policies = store.policies(campaign_id)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    steps = [p.step for p in policies]
+    for key in ("diversity", "set_score"):
+        axis.plot(steps, [p.metrics.get(key, np.nan) for p in policies], "o-", label=key)
+    title = "Training" if policies else "Training (no policy versions yet)"
+    axis.set(xlabel="training step", ylabel="value", title=title)
+    written.append(_save(figure, axis, out / "training.png"))
+
+    timeline = store.timeline(campaign_id)
+    figure, axis = plt.subplots(figsize=(7, 4))
+    if timeline["programs"]:
+        start = timeline["programs"][0][0]
+        minutes = [(t - start).total_seconds() / 60 for t, _ in timeline["programs"]]
+        axis.plot(minutes, np.arange(1, len(minutes) + 1), drawstyle="steps-post", label="programs")
+        if timeline["tokens"]:
+            token_minutes = [(t - start).total_seconds() / 60 for t, _ in timeline["tokens"]]
+            tokens = np.cumsum([n for _, n in timeline["tokens"]])
+            twin = axis.twinx()
+            twin.plot(token_minutes, tokens, color="C1", drawstyle="steps-post", label="tokens")
+            twin.set_ylabel("tokens generated")
+            twin.legend(loc="lower right")
+    axis.set(xlabel="minutes", ylabel="programs stored", title="Evaluations and tokens")
+    written.append(_save(figure, axis, out / "progress.png"))
+    return written
+
+
+def _save(figure: Any, axis: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    axis.grid(alpha=0.3)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path
+
+
+def _file(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
 def _program_rows(store: Store, campaign_id: int) -> Iterator[dict[str, Any]]:
     for p in store.iter_programs(campaign_id):
         yield {

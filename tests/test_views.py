@@ -167,3 +167,16 @@ def test_bad_requests_are_one_line(
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_plots_are_written(database: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "plots"
+    files = run(capsys, "plot", "--db", str(database), "--out", str(out))["files"]
+    names = sorted(Path(f).name for f in files)
+    assert names == ["best.png", "pareto_a_b.png", "progress.png", "training.png"]
+    for name in names:
+        data = (out / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+    with pytest.raises(SystemExit):
+        main(["db", "plot", "--db", str(database), "--out", str(out), "--pair", "a,c"])
+    assert "--pair needs two of the objectives a, b" in capsys.readouterr().err
