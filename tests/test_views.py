@@ -24,11 +24,10 @@ def rollout(*candidates: CandidateRecord) -> RolloutRecord:
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> Path:
+def database(db_url: str) -> str:
     """seed (0.5, 0.5) -> iteration 0: A (0.9, 0.1), B (0.1, 0.9), C failed;
     iteration 1, parent A, draft B: D (0.95, 0.2) and an unparsed slot."""
-    path = tmp_path / "views.db"
-    store = Store.open(path)
+    store = Store.open(db_url)
     campaign = store.create_campaign("c", "toy", {"candidates": 2}, 0)
     seed = store.add_program(campaign, SEED, status="ok", scores={"a": 0.5, "b": 0.5}, raw={})
     store.record_iteration(
@@ -68,7 +67,7 @@ def database(tmp_path: Path) -> Path:
     )
     assert c == 4
     store.close()
-    return path
+    return db_url
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
@@ -76,7 +75,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
     return json.loads(capsys.readouterr().out)
 
 
-def test_top_by_objective_weights_and_mean(database: Path, capsys: pytest.CaptureFixture) -> None:
+def test_top_by_objective_weights_and_mean(database: str, capsys: pytest.CaptureFixture) -> None:
     db = str(database)
     by_a = run(capsys, "top", "--db", db, "--objective", "a")
     assert [row["id"] for row in by_a] == [5, 2, 1, 3]  # the failed program is not listed
@@ -87,12 +86,12 @@ def test_top_by_objective_weights_and_mean(database: Path, capsys: pytest.Captur
     assert by_mean[0]["id"] == 5 and by_mean[0]["value"] == pytest.approx(0.575)
 
 
-def test_pareto_front(database: Path, capsys: pytest.CaptureFixture) -> None:
+def test_pareto_front(database: str, capsys: pytest.CaptureFixture) -> None:
     front = run(capsys, "pareto", "--db", str(database))
     assert sorted(row["id"] for row in front) == [1, 3, 5]  # A is beaten by D, C failed
 
 
-def test_show_diff_and_lineage(database: Path, capsys: pytest.CaptureFixture) -> None:
+def test_show_diff_and_lineage(database: str, capsys: pytest.CaptureFixture) -> None:
     db = str(database)
     shown = run(capsys, "show", "--db", db, "5")
     assert shown["parent_id"] == 2 and shown["scores"] == {"a": 0.95, "b": 0.2}
@@ -115,7 +114,7 @@ def test_show_diff_and_lineage(database: Path, capsys: pytest.CaptureFixture) ->
 
 
 def test_export_programs_and_trajectories(
-    database: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    database: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     db = str(database)
     out = tmp_path / "programs.jsonl"
@@ -137,7 +136,7 @@ def test_export_programs_and_trajectories(
 
 
 def test_tables_render_and_untrusted_text_stays_inert(
-    database: Path, capsys: pytest.CaptureFixture
+    database: str, capsys: pytest.CaptureFixture
 ) -> None:
     db = str(database)
     for argv in (["stats"], ["top"], ["pareto"], ["show", "4"], ["diff", "4"], ["lineage", "5"]):
@@ -160,7 +159,7 @@ def test_tables_render_and_untrusted_text_stays_inert(
     ],
 )
 def test_bad_requests_are_one_line(
-    database: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
+    database: str, capsys: pytest.CaptureFixture, argv: list[str], message: str
 ) -> None:
     with pytest.raises(SystemExit) as exit:
         main(["db", *argv, "--db", str(database)])
@@ -169,7 +168,7 @@ def test_bad_requests_are_one_line(
     assert message in err and err.count("\n") == 1
 
 
-def test_plots_are_written(database: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_plots_are_written(database: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "plots"
     files = run(capsys, "plot", "--db", str(database), "--out", str(out))["files"]
     names = sorted(Path(f).name for f in files)
