@@ -427,26 +427,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"campaign {campaign.name} ({campaign.problem}, {campaign.status})")
-    table.add_column("what")
-    table.add_column("count", justify="right")
-    for key in (
-        "programs",
-        "valid_programs",
-        "evaluations",
-        "groups",
-        "trajectories",
-        "policy_versions",
-        "tokens",
-    ):
-        table.add_row(key.replace("_", " "), str(report[key]))
-    for objective, best in report["best"].items():
-        raw = "-" if best["raw"] is None else f"{best['raw']:.10g}"
-        table.add_row(
-            f"best {objective}", f"{best['score']:.6f} (raw {raw}, program {best['program_id']})"
-        )
+    table = _summary_table(
+        f"campaign {campaign.name} ({campaign.problem}, {campaign.status})", report
+    )
     Console().print(table)
     return 0
 
@@ -523,25 +507,11 @@ def _render(command: str, data: Any) -> None:
             table.add_row(*cells)
         console.print(table)
     elif command == "stats":
-        table = Table(title="database")
-        table.add_column("what")
-        table.add_column("value", justify="right")
-        for key in (
-            "programs",
-            "valid_programs",
-            "evaluations",
-            "groups",
-            "trajectories",
-            "policy_versions",
-            "tokens",
-        ):
-            table.add_row(key.replace("_", " "), str(data[key]))
-        for status, count in data["programs_by_status"].items():
-            table.add_row(f"programs {status}", str(count))
-        for objective, best in data["best"].items():
-            table.add_row(
-                f"best {objective}", f"{best['score']:.6f} (program {best['program_id']})"
-            )
+        table = _summary_table(
+            "database",
+            data,
+            [(f"programs {status}", str(n)) for status, n in data["programs_by_status"].items()],
+        )
         console.print(table)
     elif command == "show":
         console.print(
@@ -590,6 +560,35 @@ def _render(command: str, data: Any) -> None:
                 f"{data['ancestors_in_graph']} programs in the graph"
             )
         )
+
+
+def _summary_table(
+    title: str, report: dict[str, Any], extra: Sequence[tuple[str, str]] = ()
+) -> Any:
+    """The counts of `summary_json`, then `extra` rows, then the best value per objective."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for key in (
+        "programs",
+        "valid_programs",
+        "evaluations",
+        "groups",
+        "trajectories",
+        "policy_versions",
+        "tokens",
+    ):
+        table.add_row(key.replace("_", " "), str(report[key]))
+    for row in extra:
+        table.add_row(*row)
+    for objective, best in report["best"].items():
+        raw = "-" if best["raw"] is None else f"{best['raw']:.10g}"
+        table.add_row(
+            f"best {objective}", f"{best['score']:.6f} (raw {raw}, program {best['program_id']})"
+        )
+    return table
 
 
 def _inert(text: str | None) -> str:
