@@ -550,6 +550,25 @@ class Store:
             "tokens": [(row.created_at, row.num_tokens) for row in tokens],
         }
 
+    def best_by_objective(
+        self, campaign_id: int, objective: str, limit: int
+    ) -> list[tuple[int, float, str]]:
+        """(program id, score, code hash) of the `limit` best valid programs by `objective`,
+        best first: one ordered query, no score vectors loaded."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(_SCORE.c.program_id, _SCORE.c.value, _PROGRAM.c.code_hash)
+                .join(_PROGRAM, _PROGRAM.c.id == _SCORE.c.program_id)
+                .where(
+                    _PROGRAM.c.campaign_id == campaign_id,
+                    _PROGRAM.c.status == "ok",
+                    _SCORE.c.objective == objective,
+                )
+                .order_by(_SCORE.c.value.desc(), _SCORE.c.program_id)
+                .limit(limit)
+            ).all()
+        return [(r.program_id, r.value, r.code_hash) for r in rows]
+
     def ancestry(self, program_id: int) -> list[tuple[int, int | None, int, int, str]]:
         """(id, parent id, island, generation, origin) of the program and every ancestor
         through parent links, the program first: one recursive query."""

@@ -43,14 +43,14 @@ def top(
 ) -> list[dict[str, Any]]:
     """The n best valid programs by one objective, by a weighted sum, or by the mean."""
     objectives = store.objectives(campaign_id)
-    ids, _, valid, scores, hashes = store.program_vectors(campaign_id, objectives)
     if objective is not None and weights is not None:
         raise UserError("give --objective or --weights, not both")
     if objective is not None:
         if objective not in objectives:
             raise UserError(f"no objective {objective!r}; the campaign has {', '.join(objectives)}")
-        key = scores[:, objectives.index(objective)]
-    elif weights is not None:
+        return _top_by_objective(store, campaign_id, objective, n)
+    ids, _, valid, scores, hashes = store.program_vectors(campaign_id, objectives)
+    if weights is not None:
         if len(weights) != len(objectives) or any(w < 0 for w in weights) or not sum(weights):
             raise UserError(
                 f"--weights needs {len(objectives)} numbers >= 0, not all 0 "
@@ -66,13 +66,36 @@ def top(
     ]
 
 
+def _top_by_objective(
+    store: Store, campaign_id: int, objective: str, n: int
+) -> list[dict[str, Any]]:
+    """An ordered query on the score index; asks for more rows while migrant copies (same
+    code) crowd the distinct ones out."""
+    fetch = 2 * n
+    while True:
+        rows = store.best_by_objective(campaign_id, objective, fetch)
+        seen: set[str] = set()
+        chosen = []
+        for program_id, value, digest in rows:
+            if digest not in seen:
+                seen.add(digest)
+                chosen.append((program_id, value))
+        if len(chosen) >= n or len(rows) < fetch:
+            break
+        fetch *= 4
+    chosen = chosen[:n]
+    programs = store.programs_by_ids([program_id for program_id, _ in chosen])
+    return [{**_row(p), "value": value} for p, (_, value) in zip(programs, chosen, strict=True)]
+
+
 def pareto(store: Store, campaign_id: int) -> list[dict[str, Any]]:
     """The valid programs no other valid program beats in every objective (one per code)."""
     objectives = store.objectives(campaign_id)
     ids, _, valid, scores, hashes = store.program_vectors(campaign_id, objectives)
     rows = np.flatnonzero(valid)
     front = rows[pareto_front(scores[rows])]
-    front = front[np.lexsort(scores[front].T[::-1])[::-1]]  # best first objective first
+    # Best first objective first; among equal vectors the oldest (a migrant's original) first.
+    front = front[np.lexsort((ids[front], *(-scores[front].T[::-1])))]
     chosen = _distinct(front, hashes, len(front))
     return [_row(p) for p in store.programs_by_ids([int(ids[i]) for i in chosen])]
 

@@ -179,3 +179,18 @@ def test_plots_are_written(database: str, tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         main(["db", "plot", "--db", str(database), "--out", str(out), "--pair", "a,c"])
     assert "--pair needs two of the objectives a, b" in capsys.readouterr().err
+
+
+def test_migrant_copies_are_listed_once(database: str, capsys: pytest.CaptureFixture) -> None:
+    store = Store.open(database)
+    store.record_iteration(
+        1, iteration=2, island=0, parent_id=1, draft_ids=(), prompt=[], prompt_token_ids=None,
+        rollouts=[], migrations=[(5, 2), (3, 3)],
+    )  # fmt: skip
+    assert [p.origin for p in store.programs(1)][-2:] == ["migration", "migration"]
+    store.close()
+    by_a = run(capsys, "top", "--db", database, "--objective", "a", "-n", "3")
+    assert [row["id"] for row in by_a] == [5, 2, 1]
+    by_mean = run(capsys, "top", "--db", database)
+    assert [row["id"] for row in by_mean] == [5, 1, 2, 3]
+    assert sorted(row["id"] for row in run(capsys, "pareto", "--db", database)) == [1, 3, 5]
