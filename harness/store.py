@@ -622,15 +622,8 @@ class Store:
                 ).all()
                 if not rows:
                     return
-                scores: dict[int, list[Any]] = {}
-                for score in connection.execute(
-                    select(_SCORE)
-                    .where(_SCORE.c.program_id.in_([r.id for r in rows]))
-                    .order_by(_SCORE.c.program_id, _SCORE.c.objective)
-                ):
-                    scores.setdefault(score.program_id, []).append(score)
-            for row in rows:
-                yield _program_row_record(row, scores.get(row.id, []))
+                records = _with_scores(connection, rows)
+            yield from records
             after = rows[-1].id
 
     def iter_trajectory_groups(
@@ -805,14 +798,7 @@ class Store:
             return []
         with self._engine.connect() as connection:
             rows = connection.execute(select(_PROGRAM).where(_PROGRAM.c.id.in_(ids))).all()
-            scores: dict[int, list[Any]] = {}
-            for score in connection.execute(
-                select(_SCORE)
-                .where(_SCORE.c.program_id.in_(ids))
-                .order_by(_SCORE.c.program_id, _SCORE.c.objective)
-            ):
-                scores.setdefault(score.program_id, []).append(score)
-        found = {row.id: _program_row_record(row, scores.get(row.id, [])) for row in rows}
+            found = {record.id: record for record in _with_scores(connection, rows)}
         missing = [i for i in ids if i not in found]
         if missing:
             raise ValueError(f"no programs with ids {missing}")
@@ -1051,9 +1037,12 @@ def _write_rollouts(
         for candidate in rollout.candidates
         if candidate.program is not None
     ]
+    digests: dict[int, str] = {}  # id(candidate) -> its code hash
     known: dict[str, int] = {}  # code hash -> program id
     if fresh:
         hashes = [code_hash(c.program.code) for _, c in fresh]
+        # A new candidate's own hash, computed once (the caller's may be missing).
+        digests = {id(c): digest for (_, c), digest in zip(fresh, hashes, strict=True)}
         program_ids = _insert_returning_ids(
             connection,
             _PROGRAM,
@@ -1122,9 +1111,7 @@ def _write_rollouts(
                         "outcome": c.outcome,
                         "program_id": None
                         if c.outcome == "unparsed"
-                        else known.get(
-                            code_hash(c.program.code) if c.program else c.code_hash or ""
-                        ),
+                        else known.get(digests.get(id(c), c.code_hash or "")),
                         "reason": c.reason,
                     }
                     for c in rollout.candidates
@@ -1220,6 +1207,18 @@ def _campaign_record(campaign: Campaign) -> CampaignRecord:
 
 def _program_record(program: Program) -> ProgramRecord:
     return _program_row_record(program, program.scores)
+
+
+def _with_scores(connection: Connection, rows: Sequence[Any]) -> list[ProgramRecord]:
+    """Records of program rows, with their scores read in one query."""
+    scores: dict[int, list[Any]] = {}
+    for score in connection.execute(
+        select(_SCORE)
+        .where(_SCORE.c.program_id.in_([row.id for row in rows]))
+        .order_by(_SCORE.c.program_id, _SCORE.c.objective)
+    ):
+        scores.setdefault(score.program_id, []).append(score)
+    return [_program_row_record(row, scores.get(row.id, [])) for row in rows]
 
 
 def _program_row_record(row: Any, scores: Sequence[Any]) -> ProgramRecord:

@@ -17,7 +17,7 @@ stay contiguous.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,9 +46,6 @@ class Trainer:
     config: TrainConfig
     folder: Path
     version_id: int | None = None
-    last: StepMetrics | None = None
-    merged: bool = False  # the generator needs full weights (vLLM) even when training LoRA
-    history: list[dict[str, Any]] = field(default_factory=list)
 
 
 def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> Path:
@@ -113,7 +110,6 @@ def start_trainer(
         config=train,
         folder=policy_folder(config, store, campaign_name),
         version_id=None if latest is None else latest.id,
-        merged=config.backend == "vllm",
     )
 
 
@@ -179,7 +175,6 @@ def maybe_train(trainer: Trainer, generator: Generator) -> StepMetrics | None:
         group_ids=[g.id for g in stored],
     )
     publish(trainer.policy, generator, folder)
-    trainer.last = metrics
     return metrics
 
 
