@@ -120,6 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--out", required=True, help="file to write")
     sub.set_defaults(handler=cmd_db)
 
+    p = commands.add_parser("ui", help="a live, read-only web dashboard of a database")
+    p.add_argument("--db", required=True, help="database file or URL")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: local only)")
+    p.add_argument("--port", type=_port, default=8300, help="port (default: 8300)")
+    p.set_defaults(handler=cmd_ui)
+
     p = commands.add_parser("config", help="campaign configuration")
     config_commands = p.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
     show = config_commands.add_parser("show", help="print the effective config as TOML")
@@ -435,6 +441,18 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ui(args: argparse.Namespace) -> int:
+    from harness.dashboard import serve
+    from harness.store import Store
+
+    store = Store.open(args.db, read_only=True)
+    try:
+        serve(store, args.host, args.port)
+    finally:
+        store.close()
+    return 0
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     from harness import views
     from harness.store import Store
@@ -722,6 +740,16 @@ def _problem_json(problem: Problem) -> dict[str, Any]:
             for o in problem.objectives
         ],
     }
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"port {value} is not between 1 and 65535")
+    return value
 
 
 def _positive_int(text: str) -> int:

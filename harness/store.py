@@ -16,6 +16,7 @@ import os
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -25,6 +26,7 @@ from sqlalchemy import (
     Engine,
     Select,
     bindparam,
+    case,
     create_engine,
     event,
     func,
@@ -93,15 +95,22 @@ class Store:
         self.where = where
 
     @classmethod
-    def open(cls, target: str | os.PathLike[str], *, create: bool = True) -> Store:
+    def open(
+        cls, target: str | os.PathLike[str], *, create: bool = True, read_only: bool = False
+    ) -> Store:
         """Open a file path, `sqlite:///path` or `postgresql://...`; create the tables if new.
+
+        `read_only` (implies not `create`) makes the engine itself refuse writes: SQLite
+        connections run with `query_only`, PostgreSQL sessions default to read-only
+        transactions. A reader never blocks a SQLite campaign's writer (WAL).
 
         Raises UserError when the database cannot be reached and SchemaError when it is not a
         vpo-evolve database or was written by a newer schema.
         """
+        create = create and not read_only
         url = _database_url(target, create=create)
         where = _describe(url)
-        engine = _make_engine(url)
+        engine = _make_engine(url, read_only=read_only)
         try:
             _prepare(engine, where, create=create)
         except BaseException:
@@ -375,17 +384,23 @@ class Store:
         ]
 
     def objectives(self, campaign_id: int) -> list[str]:
-        """The objective names the campaign's programs were scored on, sorted."""
+        """The objective names the campaign's programs were scored on, sorted.
+
+        The distinct names come from the (objective, value) index by skipping from one name to
+        the next (a handful of index seeks, not a scan of every score); each is then checked
+        for a program of this campaign."""
         with self._engine.connect() as connection:
-            return list(
-                connection.execute(
-                    select(_SCORE.c.objective)
-                    .join(_PROGRAM, _PROGRAM.c.id == _SCORE.c.program_id)
-                    .where(_PROGRAM.c.campaign_id == campaign_id)
-                    .distinct()
-                    .order_by(_SCORE.c.objective)
-                ).scalars()
-            )
+            names = connection.execute(_DISTINCT_OBJECTIVES).scalars().all()
+            return [
+                name
+                for name in names
+                if connection.scalar(
+                    select(literal(1))
+                    .select_from(_SCORE.join(_PROGRAM, _PROGRAM.c.id == _SCORE.c.program_id))
+                    .where(_SCORE.c.objective == name, _PROGRAM.c.campaign_id == campaign_id)
+                    .limit(1)
+                )
+            ]
 
     def untrained_count(self, campaign_id: int) -> int:
         with self._engine.connect() as connection:
@@ -661,6 +676,210 @@ class Store:
                 yield record, trajectories.get(group.id, [])
             after = groups[-1].iteration
 
+    # Aggregates for the views and the dashboard. Programs and scores are never updated once
+    # written, so each takes `after_id`: the same query over only the programs stored since,
+    # which a caller merges into what it read before.
+
+    def _valid_ids(self, campaign_id: int, after_id: int, upto: int | None) -> Any:
+        """Ids of the campaign's valid programs in (after_id, upto]: the (campaign_id, status)
+        index covers it, so the wide program rows (code, metrics) are never read."""
+        return select(_PROGRAM.c.id).where(
+            _PROGRAM.c.campaign_id == campaign_id,
+            _PROGRAM.c.status == "ok",
+            *_id_range(_PROGRAM.c.id, after_id, upto),
+        )
+
+    def top_by_weights(
+        self,
+        campaign_id: int,
+        weights: Mapping[str, float],
+        limit: int,
+        after_id: int = 0,
+        upto: int | None = None,
+    ) -> list[tuple[int, float, str]]:
+        """(program id, weighted mean score, code hash) of the `limit` best valid programs,
+        best first, oldest first among equals: one aggregate query."""
+        total = sum(weights.values())
+        if not weights or total <= 0:
+            raise ValueError("weights must be >= 0 and not all 0")
+        weight = case(
+            *((_SCORE.c.objective == name, w / total) for name, w in weights.items()),
+            else_=0.0,
+        )
+        key = func.sum(_SCORE.c.value * weight).label("key")
+        ranked = (
+            select(_SCORE.c.program_id, key)
+            .where(_SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)))
+            .group_by(_SCORE.c.program_id)
+            .order_by(key.desc(), _SCORE.c.program_id)
+            .limit(limit)
+            .subquery()
+        )
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(ranked.c.program_id, ranked.c.key, _PROGRAM.c.code_hash)
+                .join(_PROGRAM, _PROGRAM.c.id == ranked.c.program_id)
+                .order_by(ranked.c.key.desc(), ranked.c.program_id)
+            ).all()
+        return [(r.program_id, float(r.key), r.code_hash) for r in rows]
+
+    def record_points(
+        self, campaign_id: int, objective: str, after_id: int = 0, upto: int | None = None
+    ) -> list[tuple[int, int, float, float | None]]:
+        """(program id, n, score, raw) for each valid program above `after_id` that beat every
+        earlier one there on `objective`; n counts the valid programs from the first one above
+        `after_id`. The curve of the best value so far, from one windowed scan."""
+        earlier = func.max(_SCORE.c.value).over(order_by=_SCORE.c.program_id, rows=(None, -1))
+        scan = (
+            select(
+                _SCORE.c.program_id,
+                _SCORE.c.value,
+                _SCORE.c.raw,
+                func.row_number().over(order_by=_SCORE.c.program_id).label("n"),
+                earlier.label("earlier"),
+            )
+            .where(
+                _SCORE.c.objective == objective,
+                _SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)),
+            )
+            .subquery()
+        )
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(scan.c.program_id, scan.c.n, scan.c.value, scan.c.raw)
+                .where((scan.c.earlier.is_(None)) | (scan.c.value > scan.c.earlier))
+                .order_by(scan.c.program_id)
+            ).all()
+        return [(r.program_id, r.n, float(r.value), _float_or_none(r.raw)) for r in rows]
+
+    def pair_front(
+        self, campaign_id: int, x: str, y: str, after_id: int = 0, upto: int | None = None
+    ) -> list[tuple[int, float, float]]:
+        """(program id, x score, y score) of the valid programs above `after_id` that no other
+        there beats on both objectives, by descending x; the oldest stands for equal pairs."""
+        pivot = (
+            select(
+                _SCORE.c.program_id.label("id"),
+                func.max(case((_SCORE.c.objective == x, _SCORE.c.value))).label("x"),
+                func.max(case((_SCORE.c.objective == y, _SCORE.c.value))).label("y"),
+            )
+            .where(
+                _SCORE.c.objective.in_([x, y]),
+                _SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)),
+            )
+            .group_by(_SCORE.c.program_id)
+            .subquery()
+        )
+        order = (pivot.c.x.desc(), pivot.c.y.desc(), pivot.c.id)
+        scan = select(
+            pivot.c.id,
+            pivot.c.x,
+            pivot.c.y,
+            func.max(pivot.c.y).over(order_by=order, rows=(None, -1)).label("higher"),
+        ).subquery()
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(scan.c.id, scan.c.x, scan.c.y)
+                .where(
+                    scan.c.x.is_not(None),
+                    scan.c.y.is_not(None),
+                    scan.c.higher.is_(None) | (scan.c.y > scan.c.higher),
+                )
+                .order_by(scan.c.x.desc(), scan.c.y.desc())
+            ).all()
+        return [(r.id, float(r.x), float(r.y)) for r in rows]
+
+    def score_sample(
+        self,
+        campaign_id: int,
+        objectives: Sequence[str],
+        stride: int,
+        after_id: int = 0,
+        upto: int | None = None,
+    ) -> list[tuple[int, list[float]]]:
+        """(program id, scores) of the valid programs above `after_id` whose id is a multiple
+        of `stride`: an even thinning of the cloud a scatter plot draws."""
+        wanted = self._valid_ids(campaign_id, after_id, upto).where(_PROGRAM.c.id % stride == 0)
+        vectors: dict[int, list[float]] = {}
+        column = {name: j for j, name in enumerate(objectives)}
+        with self._engine.connect() as connection:
+            for program_id, objective, value in connection.execute(
+                select(_SCORE.c.program_id, _SCORE.c.objective, _SCORE.c.value)
+                .where(_SCORE.c.program_id.in_(wanted), _SCORE.c.objective.in_(objectives))
+                .order_by(_SCORE.c.program_id)
+            ):
+                vectors.setdefault(program_id, [0.0] * len(objectives))[column[objective]] = value
+        return list(vectors.items())
+
+    def progress_points(
+        self,
+        campaign_id: int,
+        stride: int,
+        offset: int = 0,
+        after_id: int = 0,
+        upto: int | None = None,
+    ) -> list[tuple[int, datetime]]:
+        """(n, stored at) of the programs in (after_id, upto] whose number n (counted from
+        `offset` + 1) is a multiple of `stride`, and of the last one: programs over time."""
+        where = [_PROGRAM.c.campaign_id == campaign_id, *_id_range(_PROGRAM.c.id, after_id, upto)]
+        numbered = select(
+            _PROGRAM.c.id,
+            _PROGRAM.c.created_at,
+            (func.row_number().over(order_by=_PROGRAM.c.id) + offset).label("n"),
+        ).where(*where)
+        with self._engine.connect() as connection:
+            last = connection.scalar(select(func.max(_PROGRAM.c.id)).where(*where))
+            if last is None:
+                return []
+            numbered = numbered.subquery()
+            rows = connection.execute(
+                select(numbered.c.n, numbered.c.created_at)
+                .where((numbered.c.n % stride == 0) | (numbered.c.id == last))
+                .order_by(numbered.c.n)
+            ).all()
+        return [(n, at) for n, at in rows]
+
+    def group_tokens(
+        self, campaign_id: int, after_group: int = 0
+    ) -> list[tuple[int, datetime, int]]:
+        """(group id, stored at, tokens its rollouts generated) of each group above
+        `after_group`, in order."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(
+                    _GROUP.c.id,
+                    _GROUP.c.created_at,
+                    func.coalesce(func.sum(_TRAJECTORY.c.num_tokens), 0),
+                )
+                .join(_TRAJECTORY, _TRAJECTORY.c.group_id == _GROUP.c.id)
+                .where(_GROUP.c.campaign_id == campaign_id, _GROUP.c.id > after_group)
+                .group_by(_GROUP.c.id, _GROUP.c.created_at)
+                .order_by(_GROUP.c.id)
+            ).all()
+        return [(gid, at, int(tokens)) for gid, at, tokens in rows]
+
+    def last_program_id(self, campaign_id: int) -> int | None:
+        with self._engine.connect() as connection:
+            return connection.scalar(
+                select(func.max(_PROGRAM.c.id)).where(_PROGRAM.c.campaign_id == campaign_id)
+            )
+
+    def status_counts(
+        self, campaign_id: int, after_id: int = 0, upto: int | None = None
+    ) -> dict[str, int]:
+        """Programs above `after_id` by status (every status listed)."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(_PROGRAM.c.status, func.count())
+                .where(
+                    _PROGRAM.c.campaign_id == campaign_id, *_id_range(_PROGRAM.c.id, after_id, upto)
+                )
+                .group_by(_PROGRAM.c.status)
+            ).all()
+        counts = dict.fromkeys(PROGRAM_STATUSES, 0)
+        counts.update({status: count for status, count in rows})
+        return counts
+
     def iterations_done(self, campaign_id: int) -> int:
         with self._reading() as session:
             return (
@@ -924,6 +1143,15 @@ def _insert_program(
 # Iterations are written with Core statements on one connection, not through the ORM's unit of
 # work: about ten statements per iteration whatever G and m are, and no per-row ORM bookkeeping,
 # which keeps the harness's own time per iteration small (benchmarks/harness_overhead.py).
+# Every distinct objective name, one index seek each (a loose index scan).
+_DISTINCT_OBJECTIVES = text(
+    "WITH RECURSIVE names(name) AS ("
+    " SELECT min(objective) FROM score"
+    " UNION ALL"
+    " SELECT (SELECT min(objective) FROM score WHERE objective > names.name)"
+    " FROM names WHERE names.name IS NOT NULL"
+    ") SELECT name FROM names WHERE name IS NOT NULL ORDER BY name"
+)
 _PROGRAM = Program.__table__
 _SCORE = Score.__table__
 _GROUP = RolloutGroup.__table__
@@ -1243,6 +1471,10 @@ def _program_row_record(row: Any, scores: Sequence[Any]) -> ProgramRecord:
     )
 
 
+def _id_range(column: Any, after_id: int, upto: int | None) -> list[Any]:
+    return [column > after_id] + ([] if upto is None else [column <= upto])
+
+
 def _check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{what} {value!r} is not one of {', '.join(allowed)}")
@@ -1305,9 +1537,9 @@ def _describe(url: URL) -> str:
     return url.set(drivername=url.get_backend_name()).render_as_string(hide_password=True)
 
 
-def _make_engine(url: URL) -> Engine:
+def _make_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.get_backend_name() == "sqlite":
-        return _sqlite_engine(url)
+        return _sqlite_engine(url, read_only=read_only)
     try:
         return create_engine(
             url,
@@ -1317,6 +1549,7 @@ def _make_engine(url: URL) -> Engine:
             connect_args={
                 "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
                 "application_name": "vpo-evolve",
+                **({"options": "-c default_transaction_read_only=on"} if read_only else {}),
             },
         )
     except ImportError as exc:
@@ -1325,7 +1558,7 @@ def _make_engine(url: URL) -> Engine:
         ) from exc
 
 
-def _sqlite_engine(url: URL) -> Engine:
+def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.database in (None, "", ":memory:"):
         # Each connection to :memory: is a separate empty database: share one across threads.
         engine = create_engine(
@@ -1347,6 +1580,7 @@ def _sqlite_engine(url: URL) -> Engine:
             f"busy_timeout = {SQLITE_BUSY_TIMEOUT_S * 1000}",
             # In WAL mode NORMAL cannot corrupt the file; a power cut loses the last commits only.
             "synchronous = NORMAL",
+            *(["query_only = ON"] if read_only else []),
         ):
             dbapi_connection.execute(f"PRAGMA {pragma}")
 

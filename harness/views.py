@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,49 +41,59 @@ def top(
     weights: Sequence[float] | None = None,
     n: int = 10,
 ) -> list[dict[str, Any]]:
-    """The n best valid programs by one objective, by a weighted sum, or by the mean."""
+    """The n best valid programs by one objective, by a weighted mean, or by the mean; one
+    program per code (a migrant's copies count once). Ordered queries, no vectors loaded."""
     objectives = store.objectives(campaign_id)
     if objective is not None and weights is not None:
         raise UserError("give --objective or --weights, not both")
     if objective is not None:
         if objective not in objectives:
             raise UserError(f"no objective {objective!r}; the campaign has {', '.join(objectives)}")
-        return _top_by_objective(store, campaign_id, objective, n)
-    ids, _, valid, scores, hashes = store.program_vectors(campaign_id, objectives)
-    if weights is not None:
-        if len(weights) != len(objectives) or any(w < 0 for w in weights) or not sum(weights):
-            raise UserError(
-                f"--weights needs {len(objectives)} numbers >= 0, not all 0 "
-                f"(one per objective: {', '.join(objectives)})"
-            )
-        key = scores @ (np.asarray(weights, dtype=float) / sum(weights))
-    else:
-        key = scores.mean(axis=1) if len(objectives) else np.zeros(len(ids))
-    chosen = _distinct(np.flatnonzero(valid)[np.argsort(-key[valid], kind="stable")], hashes, n)
-    return [
-        {**_row(p), "value": float(key[i])}
-        for p, i in zip(store.programs_by_ids([int(ids[i]) for i in chosen]), chosen, strict=True)
-    ]
+        return ranked_rows(
+            store,
+            _best_distinct(lambda k: store.best_by_objective(campaign_id, objective, k), n),
+        )
+    if weights is not None and (
+        len(weights) != len(objectives) or any(not w >= 0 for w in weights) or not sum(weights)
+    ):
+        raise UserError(
+            f"--weights needs {len(objectives)} numbers >= 0, not all 0 "
+            f"(one per objective: {', '.join(objectives)})"
+        )
+    if not objectives:
+        return []
+    by = dict(zip(objectives, weights or [1.0] * len(objectives), strict=True))
+    return ranked_rows(store, _best_distinct(lambda k: store.top_by_weights(campaign_id, by, k), n))
 
 
-def _top_by_objective(
-    store: Store, campaign_id: int, objective: str, n: int
-) -> list[dict[str, Any]]:
-    """An ordered query on the score index; asks for more rows while migrant copies (same
-    code) crowd the distinct ones out."""
-    fetch = 2 * n
+def _best_distinct(
+    fetch: Callable[[int], list[tuple[int, float, str]]], n: int
+) -> list[tuple[int, float]]:
+    """The n best distinct codes from an ordered query; asks for more rows while copies
+    (migrants share code) crowd the distinct ones out."""
+    limit = 2 * n
     while True:
-        rows = store.best_by_objective(campaign_id, objective, fetch)
-        seen: set[str] = set()
-        chosen = []
-        for program_id, value, digest in rows:
-            if digest not in seen:
-                seen.add(digest)
-                chosen.append((program_id, value))
-        if len(chosen) >= n or len(rows) < fetch:
-            break
-        fetch *= 4
-    chosen = chosen[:n]
+        rows = fetch(limit)
+        chosen = distinct_ranked(rows, n)
+        if len(chosen) >= n or len(rows) < limit:
+            return chosen
+        limit *= 4
+
+
+def distinct_ranked(rows: Sequence[tuple[int, float, str]], n: int) -> list[tuple[int, float]]:
+    """(program id, value) of the first n ranked rows whose code hash was not seen earlier."""
+    seen: set[str] = set()
+    chosen = []
+    for program_id, value, digest in rows:
+        if digest not in seen:
+            seen.add(digest)
+            chosen.append((program_id, value))
+            if len(chosen) == n:
+                break
+    return chosen
+
+
+def ranked_rows(store: Store, chosen: Sequence[tuple[int, float]]) -> list[dict[str, Any]]:
     programs = store.programs_by_ids([program_id for program_id, _ in chosen])
     return [{**_row(p), "value": value} for p, (_, value) in zip(programs, chosen, strict=True)]
 

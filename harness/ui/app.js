@@ -1,0 +1,453 @@
+// The vpo-evolve dashboard: plain DOM, no framework, nothing to build.
+// Everything from the database is untrusted text: it only ever reaches the page through
+// textContent or SVG attributes set to numbers, never through innerHTML.
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+const POLL_MS = 5000;
+const state = { campaign: null, rank: "mean", objectives: [], rows: [], sortKey: null, timer: null };
+
+// ---------------------------------------------------------------------------------------------
+// DOM helpers
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value);
+  }
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function svg(tag, attrs = {}, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, value);
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function $(id) { return document.getElementById(id); }
+
+function fmt(value, digits = 4) {
+  if (value === null || value === undefined) return "–";
+  if (typeof value !== "number") return String(value);
+  if (Number.isInteger(value)) return value.toLocaleString("en");
+  return value.toFixed(digits);
+}
+
+async function getJSON(path) {
+  const response = await fetch(path, { headers: { Accept: "application/json" } });
+  const body = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(body.detail || body.error || `${response.status} ${path}`);
+  return body;
+}
+
+function query(params) {
+  const search = new URLSearchParams();
+  for (const [key, value] of Object.entries(params)) {
+    if (value !== null && value !== undefined && value !== "") search.set(key, value);
+  }
+  return search.toString();
+}
+
+function showError(message) { $("error").textContent = message || ""; }
+
+// ---------------------------------------------------------------------------------------------
+// Charts: an SVG of fixed aspect drawn from arrays of numbers
+
+const W = 460, H = 260, M = { left: 48, right: 12, top: 10, bottom: 34 };
+
+function ticks(lo, hi, count = 5) {
+  if (!(hi > lo)) return [lo];
+  const raw = (hi - lo) / count;
+  const step = Math.pow(10, Math.floor(Math.log10(raw)));
+  const nice = [1, 2, 5, 10].map((f) => f * step).find((s) => (hi - lo) / s <= count) || step * 10;
+  const out = [];
+  for (let v = Math.ceil(lo / nice) * nice; v <= hi + 1e-12; v += nice) out.push(+v.toPrecision(12));
+  return out;
+}
+
+function extent(values, pad = 0) {
+  let lo = Math.min(...values), hi = Math.max(...values);
+  if (!isFinite(lo)) return [0, 1];
+  if (lo === hi) { lo -= 0.5 || 1; hi += 0.5; }
+  const margin = (hi - lo) * pad;
+  return [lo - margin, hi + margin];
+}
+
+// series: [{name, points: [[x, y, programId?]], kind}]; kinds: "line" (a path), "trend" (a path
+// with dots), "step" (a staircase with dots), "scatter", "cloud" (faint dots), "front" (the
+// Pareto front: red dots joined).
+function chart(title, series, xlabel, ylabel) {
+  const box = el("div", { class: "plot" }, el("h3", { text: title }));
+  const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
+  root.append(svg("title", {}, title));
+  const all = series.flatMap((s) => s.points);
+  if (!all.length) {
+    root.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no data yet"));
+    box.append(root);
+    return box;
+  }
+  const [x0, x1] = extent(all.map((p) => p[0]), 0.02);
+  const [y0, y1] = extent(all.map((p) => p[1]), 0.05);
+  const sx = (x) => M.left + ((x - x0) / (x1 - x0)) * (W - M.left - M.right);
+  const sy = (y) => H - M.bottom - ((y - y0) / (y1 - y0)) * (H - M.top - M.bottom);
+  for (const t of ticks(y0, y1)) {
+    root.append(svg("line", { class: "grid", x1: M.left, x2: W - M.right, y1: sy(t), y2: sy(t) }));
+    root.append(svg("text", { x: M.left - 4, y: sy(t) + 4, "text-anchor": "end" }, fmt(t, 3)));
+  }
+  for (const t of ticks(x0, x1)) {
+    root.append(svg("text", { x: sx(t), y: H - M.bottom + 14, "text-anchor": "middle" }, fmt(t, 3)));
+  }
+  root.append(svg("line", { class: "axis", x1: M.left, x2: W - M.right, y1: H - M.bottom, y2: H - M.bottom }));
+  root.append(svg("line", { class: "axis", x1: M.left, x2: M.left, y1: M.top, y2: H - M.bottom }));
+  root.append(svg("text", { x: (M.left + W - M.right) / 2, y: H - 4, "text-anchor": "middle" }, xlabel));
+  root.append(svg("text", { x: 12, y: (M.top + H - M.bottom) / 2, "text-anchor": "middle",
+    transform: `rotate(-90 12 ${(M.top + H - M.bottom) / 2})` }, ylabel));
+  series.forEach((s, i) => {
+    const cls = `series-${i % 5}`;
+    if (s.kind !== "cloud" && s.kind !== "scatter") {
+      let d = "";
+      s.points.forEach((p, j) => {
+        if (j === 0) d += `M${sx(p[0])},${sy(p[1])}`;
+        else if (s.kind === "step") d += `H${sx(p[0])}V${sy(p[1])}`;
+        else d += `L${sx(p[0])},${sy(p[1])}`;
+      });
+      root.append(svg("path", { class: s.kind === "front" ? "front" : `line ${cls}`, d }));
+    }
+    if (s.kind !== "line") {
+      for (const p of s.points) {
+        const kind = s.kind === "cloud" ? "cloud" : s.kind === "front" ? "front" : `point ${cls}`;
+        const dot = svg("circle", { class: kind, cx: sx(p[0]), cy: sy(p[1]), r: s.kind === "cloud" ? 2 : 3.5 });
+        if (p[2] !== undefined) {
+          dot.append(svg("title", {}, `program ${p[2]}: ${fmt(p[0])}, ${fmt(p[1])}`));
+          dot.addEventListener("click", () => { location.hash = `#/program/${p[2]}`; });
+        }
+        root.append(dot);
+      }
+    }
+  });
+  const legend = series.filter((s) => s.name);
+  legend.forEach((s, i) => {
+    const y = M.top + 12 + i * 14;
+    root.append(svg("rect", { class: s.kind === "front" ? "front" : `series-${series.indexOf(s) % 5}`,
+      x: W - M.right - 110, y: y - 8, width: 10, height: 3 }));
+    root.append(svg("text", { x: W - M.right - 96, y }, s.name));
+  });
+  box.append(root);
+  return box;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Overview
+
+function card(label, value, href) {
+  const shown = href ? el("a", { href, text: value }) : document.createTextNode(value);
+  return el("div", { class: "card" }, el("div", { class: "label", text: label }),
+    el("div", { class: "value" }, shown));
+}
+
+function renderSummary(o) {
+  const cards = [
+    card("campaign", `${o.campaign.name} (${o.campaign.status})`),
+    card("problem", o.campaign.problem),
+    card("programs", fmt(o.programs)),
+    card("valid", fmt(o.valid_programs)),
+    card("iterations", fmt(o.iterations)),
+    card("tokens", fmt(o.tokens)),
+    card("policy steps", fmt(o.policy_steps)),
+  ];
+  for (const [name, best] of Object.entries(o.best)) {
+    const raw = best.raw === null ? "" : ` (raw ${fmt(best.raw, 6)})`;
+    cards.push(card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`));
+  }
+  $("summary").replaceChildren(...cards);
+}
+
+function renderPlots(o) {
+  const plots = [];
+  const valid = o.valid_programs;
+  plots.push(chart("Best value per objective", o.objectives.map((name) => {
+    const points = o.records[name].map(([n, id, score]) => [n, score, id]);
+    if (points.length && points[points.length - 1][0] < valid) points.push([valid, points[points.length - 1][1]]);
+    return { name, kind: "step", points };
+  }), "valid programs evaluated", "best score"));
+  o.fronts.forEach((front) => {
+    const xi = o.objectives.indexOf(front.x) + 1, yi = o.objectives.indexOf(front.y) + 1;
+    plots.push(chart(`Pareto front: ${front.x} vs ${front.y}`, [
+      { kind: "cloud", points: o.cloud.map((p) => [p[xi], p[yi], p[0]]) },
+      { name: "front", kind: "front", points: front.points.map(([id, x, y]) => [x, y, id]) },
+    ], front.x, front.y));
+  });
+  const keys = ["diversity", "set_score"];
+  plots.push(chart(o.training.length ? "Training" : "Training (no policy versions yet)",
+    keys.map((key) => ({ name: key, kind: "trend",
+      points: o.training.filter((m) => key in m).map((m) => [m.step, m[key]]) })),
+    "training step", "value"));
+  plots.push(chart("Programs stored", [{ name: "programs", kind: "line", points: o.progress.programs }],
+    "minutes", "programs"));
+  plots.push(chart("Tokens generated", [{ name: "tokens", kind: "line", points: o.progress.tokens }],
+    "minutes", "tokens"));
+  $("plots").replaceChildren(...plots);
+}
+
+function renderRankChoices(objectives) {
+  const select = $("rank");
+  const wanted = ["mean", ...objectives.map((o) => `objective:${o}`), "weights"];
+  const have = [...select.options].map((o) => o.value);
+  if (JSON.stringify(wanted) === JSON.stringify(have)) return;
+  select.replaceChildren(...wanted.map((value) => el("option", { value,
+    text: value === "mean" ? "mean score" : value === "weights" ? "weighted…" : value.slice(10) })));
+  if (!wanted.includes(state.rank)) state.rank = "mean";
+  select.value = state.rank;
+}
+
+async function loadTop() {
+  const rank = state.rank;
+  const params = { campaign: state.campaign, n: $("rows").value || 50 };
+  if (rank.startsWith("objective:")) params.objective = rank.slice(10);
+  if (rank === "weights") params.weights = $("weights").value || state.objectives.map(() => 1).join(",");
+  try {
+    state.rows = await getJSON(`/api/top?${query(params)}`);
+    $("top-error").textContent = "";
+  } catch (error) {
+    $("top-error").textContent = error.message;
+    state.rows = [];
+  }
+  state.sortKey = null;
+  renderTop();
+}
+
+function renderTop() {
+  const columns = [
+    ["rank", "#"], ["id", "id"], ["value", "value"],
+    ...state.objectives.map((o) => [`score:${o}`, o]),
+    ["island", "island"], ["generation", "gen"], ["origin", "origin"], ["parent_id", "parent"],
+  ];
+  const head = el("tr", {}, ...columns.map(([key, label]) => {
+    const th = el("th", { text: label, "data-key": key, class: key === "origin" ? "text" : "" });
+    if (state.sortKey === key || (!state.sortKey && key === "value")) th.classList.add("sorted");
+    th.addEventListener("click", () => sortBy(key));
+    return th;
+  }));
+  $("top").tHead.replaceChildren(head);
+  const rows = state.rows.map((row, i) => ({ ...row, rank: row.rank ?? i + 1 }));
+  state.rows = rows;
+  const body = rows.map((row) => {
+    const tr = el("tr", { "data-id": row.id }, ...columns.map(([key]) => {
+      const value = key.startsWith("score:") ? row.scores[key.slice(6)] : row[key];
+      return el("td", { text: fmt(value), class: key === "origin" ? "text" : "" });
+    }));
+    tr.addEventListener("click", () => { location.hash = `#/program/${row.id}`; });
+    return tr;
+  });
+  $("top").tBodies[0].replaceChildren(...body);
+}
+
+function sortBy(key) {
+  if (key.startsWith("score:")) {
+    // Another objective's ranking is a new query: the best by it may not be on the page yet.
+    state.rank = `objective:${key.slice(6)}`;
+    $("rank").value = state.rank;
+    loadTop();
+    return;
+  }
+  const get = (row) => (row[key] ?? -Infinity);
+  const ascending = ["rank", "id", "generation", "island", "origin", "parent_id"].includes(key);
+  state.rows.sort((a, b) => (get(a) < get(b) ? -1 : get(a) > get(b) ? 1 : 0) * (ascending ? 1 : -1));
+  state.sortKey = key;
+  renderTop();
+}
+
+async function refreshOverview() {
+  if (state.campaign === null) return;
+  try {
+    const o = await getJSON(`/api/overview?campaign=${state.campaign}`);
+    state.objectives = o.objectives;
+    renderSummary(o);
+    renderPlots(o);
+    renderRankChoices(o.objectives);
+    if (state.lastSeen !== o.last_program_id) {
+      state.lastSeen = o.last_program_id;
+      await loadTop();
+    }
+    $("live").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+    $("live").className = "live ok";
+    showError("");
+  } catch (error) {
+    $("live").textContent = `not updating: ${error.message}`;
+    $("live").className = "live stale";
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Program page
+
+const KEYWORDS = new Set(("and as assert async await break class continue def del elif else except " +
+  "finally for from global if import in is lambda nonlocal not or pass raise return try while " +
+  "with yield None True False").split(" "));
+
+// Python highlighting by a small tokenizer; each token becomes a text node or a span's text.
+function highlight(target, code) {
+  const pattern = /(#[^\n]*)|("""[\s\S]*?"""|'''[\s\S]*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')|\b(\d+(?:\.\d+)?(?:e[+-]?\d+)?)\b|\b([A-Za-z_]\w*)\b/g;
+  const parts = [];
+  let last = 0;
+  for (const match of code.matchAll(pattern)) {
+    const [text, comment, string, number, word] = match;
+    const kind = comment ? "com" : string ? "str" : number ? "num" : KEYWORDS.has(word) ? "kw" : null;
+    if (!kind) continue;
+    if (match.index > last) parts.push(document.createTextNode(code.slice(last, match.index)));
+    parts.push(el("span", { class: kind, text }));
+    last = match.index + text.length;
+  }
+  parts.push(document.createTextNode(code.slice(last)));
+  target.replaceChildren(...parts);
+}
+
+function renderDiff(target, diff) {
+  const lines = diff.split("\n").map((line) => {
+    const cls = line.startsWith("@@") ? "hunk" : line.startsWith("+") && !line.startsWith("+++") ? "add"
+      : line.startsWith("-") && !line.startsWith("---") ? "del" : "";
+    return el("span", { class: cls, text: line + "\n" });
+  });
+  target.replaceChildren(...lines);
+}
+
+function fact(label, value, href) {
+  const shown = href ? el("a", { href, text: value }) : document.createTextNode(value);
+  return el("span", {}, el("b", { text: label }), shown);
+}
+
+async function showProgram(id) {
+  $("overview-page").hidden = true;
+  $("program-page").hidden = false;
+  try {
+    const p = await getJSON(`/api/programs/${id}`);
+    $("program-title").textContent = `Program ${p.id}`;
+    const facts = [fact("status", p.status), fact("origin", p.origin), fact("island", String(p.island)),
+      fact("generation", String(p.generation)), fact("eval seconds", fmt(p.eval_seconds, 2))];
+    if (p.parent_id !== null) facts.push(fact("parent", String(p.parent_id), `#/program/${p.parent_id}`));
+    $("program-facts").replaceChildren(...facts);
+    $("program-scores").tBodies[0].replaceChildren(...Object.keys(p.scores).map((name) =>
+      el("tr", {}, el("td", { class: "text", text: name }), el("td", { text: fmt(p.scores[name]) }),
+        el("td", { text: fmt(p.raw[name], 8) }))));
+    highlight($("program-code"), p.code);
+    $("diff-title").hidden = $("program-diff").hidden = p.diff === null;
+    if (p.diff !== null) renderDiff($("program-diff"), p.diff || "(same code as its parent)");
+    const feedback = { error: p.error, metrics: p.metrics };
+    $("program-feedback").textContent = JSON.stringify(feedback, null, 2);
+    const detail = p.origin_detail;
+    if (detail) {
+      const t = detail.trajectory;
+      $("provenance").replaceChildren(fact("iteration", String(detail.iteration)),
+        fact("group", String(detail.group_id)), fact("rollout", `${t.position} (${t.num_tokens} tokens, ${t.finish_reason})`),
+        fact("parse", t.parse_status), fact("trained in step", detail.trained_in_step === null ? "not yet" : String(detail.trained_in_step)),
+        fact("drafts shown", detail.draft_ids.length ? "" : "none"),
+        ...detail.draft_ids.map((d) => el("a", { href: `#/program/${d}`, text: String(d) })));
+      $("completion").textContent = t.completion;
+    } else {
+      $("provenance").replaceChildren(fact("written by", p.origin === "seed" ? "the seed" : "a migration"));
+      $("completion").textContent = "";
+    }
+    showError("");
+    renderLineage(await getJSON(`/api/programs/${id}/lineage`));
+  } catch (error) {
+    showError(error.message);
+  }
+}
+
+function renderLineage(l) {
+  $("lineage-facts").replaceChildren(fact("depth", String(l.depth)), fact("islands", l.islands.join(", ")),
+    fact("mean branching", fmt(l.branching, 2)), fact("drafts shown on the way", String(l.drafts_shown)));
+  // Ancestors in a column, oldest on top; drafts to the right of the program they were shown for.
+  const path = [...l.path].reverse();
+  const drafts = new Map();
+  for (const edge of l.edges) {
+    if (edge.kind !== "draft") continue;
+    if (!drafts.has(edge.to)) drafts.set(edge.to, []);
+    drafts.get(edge.to).push(edge.from);
+  }
+  const rowH = 34, boxW = 150, boxH = 24, draftX = 200, draftStep = 80;
+  const widest = Math.max(0, ...[...drafts.values()].map((d) => d.length));
+  const width = draftX + widest * draftStep + 20, height = path.length * rowH + 10;
+  const root = svg("svg", { viewBox: `0 0 ${Math.max(width, 260)} ${height}`, width: Math.max(width, 260), height });
+  const node = (x, y, w, label, id, kind) => {
+    const g = svg("g", { class: `node ${kind}`, transform: `translate(${x},${y})` });
+    g.append(svg("rect", { width: w, height: boxH, rx: 4 }), svg("text", { x: 6, y: 16 }, label));
+    g.addEventListener("click", () => { location.hash = `#/program/${id}`; });
+    root.append(g);
+  };
+  path.forEach((p, i) => {
+    const y = 5 + i * rowH;
+    if (i > 0) root.append(svg("path", { class: "edge", d: `M20,${y - rowH + boxH}V${y}` }));
+    (drafts.get(p.id) || []).forEach((d, j) => {
+      const x = draftX + j * draftStep;
+      root.append(svg("path", { class: "edge draft", d: `M${x},${y + boxH / 2}H${boxW + 10}` }));
+      node(x, y, draftStep - 10, `draft ${d}`, d, "draft");
+    });
+    const label = `${p.id} · gen ${p.generation} · isl ${p.island} · ${p.children} ch`;
+    node(10, y, boxW, label, p.id, p.id === l.program_id ? "current" : "");
+  });
+  $("lineage").replaceChildren(root);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Routing and polling
+
+function route() {
+  const match = location.hash.match(/^#\/program\/(\d+)$/);
+  if (match) {
+    showProgram(Number(match[1]));
+  } else {
+    $("program-page").hidden = true;
+    $("overview-page").hidden = false;
+    refreshOverview();
+  }
+}
+
+function poll() {
+  clearTimeout(state.timer);
+  state.timer = setTimeout(async () => {
+    if (!$("pause").checked && !$("overview-page").hidden) await refreshOverview();
+    poll();
+  }, POLL_MS);
+}
+
+async function start() {
+  try {
+    const campaigns = await getJSON("/api/campaigns");
+    if (!campaigns.length) {
+      showError("This database holds no campaign yet; this page fills in once one starts.");
+      setTimeout(start, POLL_MS);
+      return;
+    }
+    const select = $("campaign");
+    select.replaceChildren(...campaigns.map((c) => el("option", { value: c.id, text: `${c.name} (${c.problem})` })));
+    state.campaign = campaigns[campaigns.length - 1].id;
+    select.value = state.campaign;
+    select.addEventListener("change", () => {
+      state.campaign = Number(select.value);
+      state.lastSeen = undefined;
+      location.hash = "#/";
+      refreshOverview();
+    });
+  } catch (error) {
+    showError(error.message);
+    return;
+  }
+  $("rank").addEventListener("change", () => {
+    state.rank = $("rank").value;
+    $("weights-box").hidden = state.rank !== "weights";
+    loadTop();
+  });
+  $("weights").addEventListener("change", loadTop);
+  $("rows").addEventListener("change", loadTop);
+  window.addEventListener("hashchange", route);
+  route();
+  poll();
+}
+
+document.addEventListener("DOMContentLoaded", start);
