@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -186,7 +187,10 @@ class Score(Base):
     __table_args__ = (
         # Written so NaN fails too: on PostgreSQL NaN sorts above every number.
         CheckConstraint("value >= 0 AND value <= 1", name="value_unit"),
-        Index(None, "objective", "value"),
+        # "The best programs by one objective, oldest first among equals" is a walk down this
+        # index that stops after the rows wanted; without the id, ties (many programs clip at
+        # 1.0) would all be read and sorted. It also lists the distinct objectives.
+        Index("ix_score_ranked", "objective", text("value DESC"), "program_id"),
     )
 
     program_id: Mapped[int] = mapped_column(

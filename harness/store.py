@@ -112,7 +112,7 @@ class Store:
         where = _describe(url)
         engine = _make_engine(url, read_only=read_only)
         try:
-            _prepare(engine, where, create=create)
+            _prepare(engine, where, create=create, read_only=read_only)
         except BaseException:
             engine.dispose()
             raise
@@ -569,7 +569,8 @@ class Store:
         self, campaign_id: int, objective: str, limit: int
     ) -> list[tuple[int, float, str]]:
         """(program id, score, code hash) of the `limit` best valid programs by `objective`,
-        best first: one ordered query, no score vectors loaded."""
+        best first, oldest first among equals: a walk down the `ix_score_ranked` index that
+        stops after `limit` valid rows."""
         with self._engine.connect() as connection:
             rows = connection.execute(
                 select(_SCORE.c.program_id, _SCORE.c.value, _PROGRAM.c.code_hash)
@@ -613,6 +614,21 @@ class Store:
             ordered.append(by_id[current])
             current = by_id[current][1]
         return ordered
+
+    def drafts_shown(self, ids: Sequence[int]) -> dict[int, list[int]]:
+        """For each of `ids` written by a rollout, the drafts its prompt showed, in order."""
+        with self._engine.connect() as connection:
+            rows = connection.execute(
+                select(_PROGRAM.c.id, _DRAFT.c.program_id)
+                .join(_TRAJECTORY, _TRAJECTORY.c.id == _PROGRAM.c.trajectory_id)
+                .join(_DRAFT, _DRAFT.c.group_id == _TRAJECTORY.c.group_id)
+                .where(_PROGRAM.c.id.in_(list(ids)))
+                .order_by(_PROGRAM.c.id, _DRAFT.c.position)
+            ).all()
+        shown: dict[int, list[int]] = {}
+        for program_id, draft_id in rows:
+            shown.setdefault(program_id, []).append(draft_id)
+        return shown
 
     def children_counts(self, ids: Sequence[int]) -> dict[int, int]:
         """How many programs name each of `ids` as their parent."""
@@ -697,31 +713,98 @@ class Store:
         after_id: int = 0,
         upto: int | None = None,
     ) -> list[tuple[int, float, str]]:
-        """(program id, weighted mean score, code hash) of the `limit` best valid programs,
-        best first, oldest first among equals: one aggregate query."""
+        """(program id, weighted mean score, code hash) of the `limit` best valid programs
+        among those in (after_id, upto], best first, oldest first among equals.
+
+        Over the whole campaign this is Fagin's threshold algorithm (Fagin, Lotem and Naor,
+        "Optimal aggregation algorithms for middleware", PODS 2001): read each weighted
+        objective's best rows down its index to a depth, score the programs seen, and stop once
+        the limit-th of them beats the best any unseen program could reach, the weighted sum of
+        the values at that depth; else go deeper. A range of new programs is one aggregate."""
         total = sum(weights.values())
-        if not weights or total <= 0:
+        if not weights or total <= 0 or any(not w >= 0 for w in weights.values()):
             raise ValueError("weights must be >= 0 and not all 0")
-        weight = case(
-            *((_SCORE.c.objective == name, w / total) for name, w in weights.items()),
-            else_=0.0,
-        )
+        share = {name: w / total for name, w in weights.items() if w > 0}
+        ranked = None
+        if after_id == 0 and upto is None:
+            ranked = self._threshold_top(campaign_id, share, limit)
+        if ranked is None:
+            ranked = self._aggregate_top(campaign_id, share, limit, after_id, upto)
+        if not ranked:
+            return []
+        with self._engine.connect() as connection:
+            hashes = dict(
+                connection.execute(
+                    select(_PROGRAM.c.id, _PROGRAM.c.code_hash).where(
+                        _PROGRAM.c.id.in_([pid for pid, _ in ranked])
+                    )
+                ).all()
+            )
+        return [(pid, key, hashes[pid]) for pid, key in ranked]
+
+    def _threshold_top(
+        self, campaign_id: int, share: Mapping[str, float], limit: int
+    ) -> list[tuple[int, float]] | None:
+        """None when two depths did not settle it (many programs tied at the threshold):
+        reading on would cost more than the aggregate."""
+        names = list(share)
+        depth = max(2 * limit, 16)
+        for _ in range(2):
+            seen: set[int] = set()
+            edge: list[float] = []
+            last_ids: list[int] = []
+            exhausted = False
+            for name in names:
+                column = self.best_by_objective(campaign_id, name, depth)
+                seen.update(pid for pid, _, _ in column)
+                exhausted = exhausted or len(column) < depth
+                if column:
+                    edge.append(column[-1][1])
+                    last_ids.append(column[-1][0])
+            values: dict[int, dict[str, float]] = {pid: {} for pid in seen}
+            with self._engine.connect() as connection:
+                for pid, name, value in connection.execute(
+                    select(_SCORE.c.program_id, _SCORE.c.objective, _SCORE.c.value).where(
+                        _SCORE.c.program_id.in_(list(seen)), _SCORE.c.objective.in_(names)
+                    )
+                ):
+                    values[pid][name] = value
+            # Summed in one order everywhere, so equal vectors give bit-equal keys.
+            ranked = sorted(
+                ((pid, _weighted(share, names, got)) for pid, got in values.items()),
+                key=lambda item: (-item[1], item[0]),
+            )
+            if exhausted:
+                return ranked[:limit]
+            if len(ranked) >= limit:
+                # No unseen program beats the threshold; one that ties it comes after the
+                # depth's last row in every list, so after all of them in id order.
+                threshold = _weighted(share, names, dict(zip(names, edge, strict=True)))
+                pid, key = ranked[limit - 1]
+                if key > threshold or (key == threshold and pid < max(last_ids)):
+                    return ranked[:limit]
+            depth *= 4
+        return None
+
+    def _aggregate_top(
+        self,
+        campaign_id: int,
+        share: Mapping[str, float],
+        limit: int,
+        after_id: int,
+        upto: int | None,
+    ) -> list[tuple[int, float]]:
+        weight = case(*((_SCORE.c.objective == name, w) for name, w in share.items()), else_=0.0)
         key = func.sum(_SCORE.c.value * weight).label("key")
-        ranked = (
-            select(_SCORE.c.program_id, key)
-            .where(_SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)))
-            .group_by(_SCORE.c.program_id)
-            .order_by(key.desc(), _SCORE.c.program_id)
-            .limit(limit)
-            .subquery()
-        )
         with self._engine.connect() as connection:
             rows = connection.execute(
-                select(ranked.c.program_id, ranked.c.key, _PROGRAM.c.code_hash)
-                .join(_PROGRAM, _PROGRAM.c.id == ranked.c.program_id)
-                .order_by(ranked.c.key.desc(), ranked.c.program_id)
+                select(_SCORE.c.program_id, key)
+                .where(_SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)))
+                .group_by(_SCORE.c.program_id)
+                .order_by(key.desc(), _SCORE.c.program_id)
+                .limit(limit)
             ).all()
-        return [(r.program_id, float(r.key), r.code_hash) for r in rows]
+        return [(pid, float(value)) for pid, value in rows]
 
     def record_points(
         self, campaign_id: int, objective: str, after_id: int = 0, upto: int | None = None
@@ -1471,6 +1554,12 @@ def _program_row_record(row: Any, scores: Sequence[Any]) -> ProgramRecord:
     )
 
 
+def _weighted(
+    share: Mapping[str, float], names: Sequence[str], values: Mapping[str, float]
+) -> float:
+    return sum(share[name] * values.get(name, 0.0) for name in names)
+
+
 def _id_range(column: Any, after_id: int, upto: int | None) -> list[Any]:
     return [column > after_id] + ([] if upto is None else [column <= upto])
 
@@ -1540,6 +1629,13 @@ def _describe(url: URL) -> str:
 def _make_engine(url: URL, *, read_only: bool = False) -> Engine:
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, read_only=read_only)
+    if read_only:
+        # Added to any server options the URL carries (a search_path, say).
+        given = url.query.get("options", "")
+        given = " ".join(given) if isinstance(given, tuple) else given
+        url = url.update_query_dict(
+            {"options": f"{given} -c default_transaction_read_only=on".strip()}
+        )
     try:
         return create_engine(
             url,
@@ -1549,7 +1645,6 @@ def _make_engine(url: URL, *, read_only: bool = False) -> Engine:
             connect_args={
                 "connect_timeout": POSTGRES_CONNECT_TIMEOUT_S,
                 "application_name": "vpo-evolve",
-                **({"options": "-c default_transaction_read_only=on"} if read_only else {}),
             },
         )
     except ImportError as exc:
@@ -1594,8 +1689,9 @@ def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     return engine
 
 
-def _prepare(engine: Engine, where: str, *, create: bool) -> None:
-    """Check the schema version; create the tables when the database is empty."""
+def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = False) -> None:
+    """Check the schema version; create the tables when the database is empty, and indexes
+    added since (same schema version: older releases read the file as before) when not."""
     sqlite = engine.dialect.name == "sqlite"
     try:
         with engine.connect() as connection:
@@ -1616,6 +1712,8 @@ def _prepare(engine: Engine, where: str, *, create: bool) -> None:
                             key="schema_version", value=str(SCHEMA_VERSION)
                         )
                     )
+        elif not read_only:
+            _add_missing_indexes(engine)
         if sqlite:
             _enable_wal(engine, where)
     except DBAPIError as exc:
@@ -1624,6 +1722,26 @@ def _prepare(engine: Engine, where: str, *, create: bool) -> None:
         ) from exc
     except sqlite3.Error as exc:
         raise _open_error(exc, where, sqlite, connecting=False) from exc
+
+
+def _add_missing_indexes(engine: Engine) -> None:
+    """Indexes a database written by an earlier release of this schema version lacks."""
+    with engine.connect() as connection:
+        have = {
+            index["name"]
+            for table in Base.metadata.tables
+            for index in inspect(connection).get_indexes(table)
+        }
+    missing = [
+        index
+        for table in Base.metadata.tables.values()
+        for index in table.indexes
+        if index.name not in have
+    ]
+    if missing:
+        with engine.execution_options(vpo_write=True).begin() as connection:
+            for index in missing:
+                index.create(connection, checkfirst=True)
 
 
 def _check_schema(connection: Connection, where: str) -> bool:

@@ -153,9 +153,9 @@ def lineage(store: Store, program_id: int) -> dict[str, Any]:
         graph.add_node(pid, island=island, generation=generation, origin=origin)
         if parent is not None:
             graph.add_edge(parent, pid, kind="parent")
+    shown = store.drafts_shown([pid for pid, *_ in chain])
     for pid, *_ in chain:
-        detail = store.provenance(pid)
-        for draft in (detail or {}).get("draft_ids", []):
+        for draft in shown.get(pid, []):
             if not graph.has_node(draft):
                 graph.add_node(draft)
             graph.add_edge(draft, pid, kind="draft")

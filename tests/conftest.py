@@ -23,6 +23,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import URL
 
+from harness.records import CandidateRecord, NewProgram, RolloutRecord
+from harness.store import Store
+
 INSTALL_HINT = (
     "PostgreSQL server binaries not found; install them with `apt-get install postgresql` "
     "(`make test` does) or set VPO_TEST_POSTGRES_URL"
@@ -177,3 +180,81 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+SMALL_SEED = "def f():\n    return 0\n"
+# Program text a terminal or a browser must show as text: markup and a screen-clearing escape.
+HOSTILE = "<script>alert(1)</script>\x1b[2J"
+
+
+def _program(code: str, a: float, b: float, status: str = "ok") -> NewProgram:
+    return NewProgram(code, status, {"a": a, "b": b}, {"a": a * 10, "b": None})
+
+
+def _rollout(*candidates: CandidateRecord) -> RolloutRecord:
+    return RolloutRecord("text", [1, 2, 3], [-0.1, -0.2, -0.3], "stop", "ok", None, candidates)
+
+
+def fill_small_campaign(db_url: str) -> str:
+    """A small real campaign whose answers are known, written to `db_url`:
+    seed (0.5, 0.5) -> iteration 0: A (0.9, 0.1), B (0.1, 0.9), C failed;
+    iteration 1, parent A, draft B: D (0.95, 0.2) and an unparsed slot."""
+    store = Store.open(db_url)
+    campaign = store.create_campaign("c", "toy", {"candidates": 2}, 0)
+    seed = store.add_program(campaign, SMALL_SEED, status="ok", scores={"a": 0.5, "b": 0.5}, raw={})
+    store.record_iteration(
+        campaign,
+        iteration=0,
+        island=0,
+        parent_id=seed,
+        draft_ids=(),
+        prompt=[{"role": "user", "content": "improve"}],
+        prompt_token_ids=[5, 6],
+        rollouts=[
+            _rollout(
+                CandidateRecord(1, "new", _program("def f():\n    return 1\n", 0.9, 0.1)),
+                CandidateRecord(2, "new", _program("def f():\n    return 2\n", 0.1, 0.9)),
+            ),
+            _rollout(
+                CandidateRecord(1, "new", _program(HOSTILE, 0, 0, "error")),
+                CandidateRecord(2, "unparsed", reason="no candidate 2"),
+            ),
+        ],
+    )
+    a, b, c = 2, 3, 4
+    store.record_iteration(
+        campaign,
+        iteration=1,
+        island=1,
+        parent_id=a,
+        draft_ids=(b,),
+        prompt=[{"role": "user", "content": "improve more"}],
+        prompt_token_ids=[7],
+        rollouts=[
+            _rollout(
+                CandidateRecord(1, "new", _program("def f():\n    return 11\n", 0.95, 0.2)),
+                CandidateRecord(2, "unparsed", reason="truncated"),
+            )
+        ],
+    )
+    assert c == 4
+    store.close()
+    return db_url
+
+
+@pytest.fixture
+def database(db_url: str) -> str:
+    """`fill_small_campaign` on each engine."""
+    return fill_small_campaign(db_url)
+
+
+@pytest.fixture
+def sqlite_database(tmp_path: Path) -> str:
+    """`fill_small_campaign` in a SQLite file."""
+    return fill_small_campaign(str(tmp_path / "small.db"))
+
+
+@pytest.fixture
+def hostile_code() -> str:
+    """The code of program 4 in `database`."""
+    return HOSTILE

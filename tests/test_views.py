@@ -8,66 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.records import CandidateRecord, NewProgram, RolloutRecord
 from harness.store import Store
-
-SEED = "def f():\n    return 0\n"
-HOSTILE = "<script>alert(1)</script>\x1b[2J"
-
-
-def program(code: str, a: float, b: float, status: str = "ok") -> NewProgram:
-    return NewProgram(code, status, {"a": a, "b": b}, {"a": a * 10, "b": None})
-
-
-def rollout(*candidates: CandidateRecord) -> RolloutRecord:
-    return RolloutRecord("text", [1, 2, 3], [-0.1, -0.2, -0.3], "stop", "ok", None, candidates)
-
-
-@pytest.fixture
-def database(db_url: str) -> str:
-    """seed (0.5, 0.5) -> iteration 0: A (0.9, 0.1), B (0.1, 0.9), C failed;
-    iteration 1, parent A, draft B: D (0.95, 0.2) and an unparsed slot."""
-    store = Store.open(db_url)
-    campaign = store.create_campaign("c", "toy", {"candidates": 2}, 0)
-    seed = store.add_program(campaign, SEED, status="ok", scores={"a": 0.5, "b": 0.5}, raw={})
-    store.record_iteration(
-        campaign,
-        iteration=0,
-        island=0,
-        parent_id=seed,
-        draft_ids=(),
-        prompt=[{"role": "user", "content": "improve"}],
-        prompt_token_ids=[5, 6],
-        rollouts=[
-            rollout(
-                CandidateRecord(1, "new", program("def f():\n    return 1\n", 0.9, 0.1)),
-                CandidateRecord(2, "new", program("def f():\n    return 2\n", 0.1, 0.9)),
-            ),
-            rollout(
-                CandidateRecord(1, "new", program(HOSTILE, 0, 0, "error")),
-                CandidateRecord(2, "unparsed", reason="no candidate 2"),
-            ),
-        ],
-    )
-    a, b, c = 2, 3, 4
-    store.record_iteration(
-        campaign,
-        iteration=1,
-        island=1,
-        parent_id=a,
-        draft_ids=(b,),
-        prompt=[{"role": "user", "content": "improve more"}],
-        prompt_token_ids=[7],
-        rollouts=[
-            rollout(
-                CandidateRecord(1, "new", program("def f():\n    return 11\n", 0.95, 0.2)),
-                CandidateRecord(2, "unparsed", reason="truncated"),
-            )
-        ],
-    )
-    assert c == 4
-    store.close()
-    return db_url
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
@@ -114,14 +55,14 @@ def test_show_diff_and_lineage(database: str, capsys: pytest.CaptureFixture) -> 
 
 
 def test_export_programs_and_trajectories(
-    database: str, tmp_path: Path, capsys: pytest.CaptureFixture
+    database: str, hostile_code: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     db = str(database)
     out = tmp_path / "programs.jsonl"
     assert run(capsys, "export", "--db", db, "--out", str(out))["rows"] == 5
     programs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [p["id"] for p in programs] == [1, 2, 3, 4, 5]
-    assert programs[3]["code"] == HOSTILE and programs[3]["status"] == "error"
+    assert programs[3]["code"] == hostile_code and programs[3]["status"] == "error"
 
     out = tmp_path / "trajectories.jsonl"
     argv = ["export", "--db", db, "--what", "trajectories", "--out", str(out)]

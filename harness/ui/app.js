@@ -58,15 +58,23 @@ function showError(message) { $("error").textContent = message || ""; }
 // ---------------------------------------------------------------------------------------------
 // Charts: an SVG of fixed aspect drawn from arrays of numbers
 
-const W = 460, H = 260, M = { left: 48, right: 12, top: 10, bottom: 34 };
+const W = 460, H = 260, M = { left: 54, right: 12, top: 10, bottom: 34 };
 
+// Round-numbered ticks between lo and hi, each with a label of as many decimals as the step needs.
 function ticks(lo, hi, count = 5) {
-  if (!(hi > lo)) return [lo];
+  if (!(hi > lo)) return [[lo, fmt(lo, 3)]];
   const raw = (hi - lo) / count;
   const step = Math.pow(10, Math.floor(Math.log10(raw)));
   const nice = [1, 2, 5, 10].map((f) => f * step).find((s) => (hi - lo) / s <= count) || step * 10;
+  const digits = Math.max(0, -Math.floor(Math.log10(nice) + 1e-9));
   const out = [];
-  for (let v = Math.ceil(lo / nice) * nice; v <= hi + 1e-12; v += nice) out.push(+v.toPrecision(12));
+  for (let v = Math.ceil(lo / nice) * nice; v <= hi + 1e-12; v += nice) {
+    const tick = Math.abs(v) < nice * 1e-9 ? 0 : v;
+    const label = Math.abs(tick) >= 10000
+      ? tick.toLocaleString("en", { notation: "compact" })
+      : tick.toLocaleString("en", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+    out.push([tick, label]);
+  }
   return out;
 }
 
@@ -95,12 +103,12 @@ function chart(title, series, xlabel, ylabel) {
   const [y0, y1] = extent(all.map((p) => p[1]), 0.05);
   const sx = (x) => M.left + ((x - x0) / (x1 - x0)) * (W - M.left - M.right);
   const sy = (y) => H - M.bottom - ((y - y0) / (y1 - y0)) * (H - M.top - M.bottom);
-  for (const t of ticks(y0, y1)) {
+  for (const [t, label] of ticks(y0, y1)) {
     root.append(svg("line", { class: "grid", x1: M.left, x2: W - M.right, y1: sy(t), y2: sy(t) }));
-    root.append(svg("text", { x: M.left - 4, y: sy(t) + 4, "text-anchor": "end" }, fmt(t, 3)));
+    root.append(svg("text", { x: M.left - 4, y: sy(t) + 4, "text-anchor": "end" }, label));
   }
-  for (const t of ticks(x0, x1)) {
-    root.append(svg("text", { x: sx(t), y: H - M.bottom + 14, "text-anchor": "middle" }, fmt(t, 3)));
+  for (const [t, label] of ticks(x0, x1)) {
+    root.append(svg("text", { x: sx(t), y: H - M.bottom + 14, "text-anchor": "middle" }, label));
   }
   root.append(svg("line", { class: "axis", x1: M.left, x2: W - M.right, y1: H - M.bottom, y2: H - M.bottom }));
   root.append(svg("line", { class: "axis", x1: M.left, x2: M.left, y1: M.top, y2: H - M.bottom }));
@@ -120,8 +128,9 @@ function chart(title, series, xlabel, ylabel) {
     }
     if (s.kind !== "line") {
       for (const p of s.points) {
+        if (s.kind === "step" && p[2] === undefined) continue; // the line's run to the present
         const kind = s.kind === "cloud" ? "cloud" : s.kind === "front" ? "front" : `point ${cls}`;
-        const dot = svg("circle", { class: kind, cx: sx(p[0]), cy: sy(p[1]), r: s.kind === "cloud" ? 2 : 3.5 });
+        const dot = svg("circle", { class: kind, cx: sx(p[0]), cy: sy(p[1]), r: s.kind === "cloud" ? 2.5 : 3.5 });
         if (p[2] !== undefined) {
           dot.append(svg("title", {}, `program ${p[2]}: ${fmt(p[0])}, ${fmt(p[1])}`));
           dot.addEventListener("click", () => { location.hash = `#/program/${p[2]}`; });
@@ -130,13 +139,11 @@ function chart(title, series, xlabel, ylabel) {
       }
     }
   });
-  const legend = series.filter((s) => s.name);
-  legend.forEach((s, i) => {
-    const y = M.top + 12 + i * 14;
-    root.append(svg("rect", { class: s.kind === "front" ? "front" : `series-${series.indexOf(s) % 5}`,
-      x: W - M.right - 110, y: y - 8, width: 10, height: 3 }));
-    root.append(svg("text", { x: W - M.right - 96, y }, s.name));
-  });
+  const named = series.map((s, i) => [s, i]).filter(([s]) => s.name);
+  if (named.length) {
+    box.append(el("div", { class: "legend" }, ...named.map(([s, i]) =>
+      el("span", {}, el("i", { class: s.kind === "front" ? "front" : `series-${i % 5}` }), s.name))));
+  }
   box.append(root);
   return box;
 }
@@ -238,8 +245,10 @@ function renderTop() {
   state.rows = rows;
   const body = rows.map((row) => {
     const tr = el("tr", { "data-id": row.id }, ...columns.map(([key]) => {
+      const score = key.startsWith("score:") || key === "value";
       const value = key.startsWith("score:") ? row.scores[key.slice(6)] : row[key];
-      return el("td", { text: fmt(value), class: key === "origin" ? "text" : "" });
+      const text = score && typeof value === "number" ? value.toFixed(4) : fmt(value);
+      return el("td", { text, class: key === "origin" ? "text" : "" });
     }));
     tr.addEventListener("click", () => { location.hash = `#/program/${row.id}`; });
     return tr;
@@ -332,7 +341,7 @@ async function showProgram(id) {
     if (p.parent_id !== null) facts.push(fact("parent", String(p.parent_id), `#/program/${p.parent_id}`));
     $("program-facts").replaceChildren(...facts);
     $("program-scores").tBodies[0].replaceChildren(...Object.keys(p.scores).map((name) =>
-      el("tr", {}, el("td", { class: "text", text: name }), el("td", { text: fmt(p.scores[name]) }),
+      el("tr", {}, el("td", { class: "text", text: name }), el("td", { text: p.scores[name].toFixed(4) }),
         el("td", { text: fmt(p.raw[name], 8) }))));
     highlight($("program-code"), p.code);
     $("diff-title").hidden = $("program-diff").hidden = p.diff === null;

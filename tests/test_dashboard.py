@@ -1,0 +1,213 @@
+"""The dashboard's API over a small real campaign, on SQLite and PostgreSQL: what the page draws,
+how it stays current while a campaign writes, and that nothing it serves can write or run."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import insert
+
+from harness.dashboard import LOOPBACK, Dashboard, create_app
+from harness.db import Program, Score
+from harness.store import Store
+
+
+@pytest.fixture
+def client(database: str) -> TestClient:
+    store = Store.open(database, read_only=True)
+    yield TestClient(create_app(store))
+    store.close()
+
+
+def test_overview_draws_what_the_database_holds(client: TestClient) -> None:
+    o = client.get("/api/overview").json()
+    assert o["campaign"]["name"] == "c" and o["objectives"] == ["a", "b"]
+    assert o["programs"] == 5 and o["valid_programs"] == 4 and o["iterations"] == 2
+    assert o["counts"] == {"ok": 4, "invalid": 0, "error": 1, "timeout": 0}
+    assert o["tokens"] == 9  # three rollouts of three tokens
+    assert o["best"]["a"] == {"program_id": 5, "score": 0.95, "raw": 9.5}
+    assert o["best"]["b"]["program_id"] == 3
+    # Records: each valid program that beat every earlier one, numbered among valid programs.
+    assert o["records"]["a"] == [[1, 1, 0.5], [2, 2, 0.9], [4, 5, 0.95]]
+    assert o["records"]["b"] == [[1, 1, 0.5], [3, 3, 0.9]]
+    (front,) = o["fronts"]
+    assert (front["x"], front["y"]) == ("a", "b")
+    assert front["points"] == [[5, 0.95, 0.2], [1, 0.5, 0.5], [3, 0.1, 0.9]]
+    assert sorted(p[0] for p in o["cloud"]) == [1, 2, 3, 5]
+    assert o["progress"]["programs"][-1][1] == 5
+    assert [t[1] for t in o["progress"]["tokens"]] == [6, 9]
+
+
+def test_top_table(client: TestClient) -> None:
+    by_mean = client.get("/api/top").json()
+    assert [r["id"] for r in by_mean] == [5, 1, 2, 3]
+    assert by_mean[0]["value"] == pytest.approx(0.575)
+    assert [r["id"] for r in client.get("/api/top?objective=b&n=2").json()] == [3, 1]
+    weighted = client.get("/api/top?weights=0,1").json()
+    assert [r["id"] for r in weighted] == [3, 1, 5, 2]
+    for query, message in [
+        ("weights=1", "--weights needs 2 numbers"),
+        ("weights=x,1", "weights must be numbers"),
+        ("objective=c", "no objective 'c'"),
+    ]:
+        response = client.get(f"/api/top?{query}")
+        assert response.status_code == 400 and message in response.json()["detail"]
+    assert client.get("/api/top?n=0").status_code == 422
+
+
+def test_program_page_keeps_untrusted_code_as_data(client: TestClient, hostile_code: str) -> None:
+    hostile = client.get("/api/programs/4").json()
+    assert hostile["code"] == hostile_code and hostile["status"] == "error"
+    assert hostile["origin_detail"]["trajectory"]["position"] == 1
+    child = client.get("/api/programs/5").json()
+    assert child["parent_id"] == 2 and child["origin_detail"]["draft_ids"] == [3]
+    assert "-    return 1\n+    return 11\n" in child["diff"]
+    assert client.get("/api/programs/1").json()["diff"] is None
+    lineage = client.get("/api/programs/5/lineage").json()
+    assert [step["id"] for step in lineage["path"]] == [5, 2, 1]
+    missing = client.get("/api/programs/99")
+    assert missing.status_code == 404 and "no program 99" in missing.json()["detail"]
+    assert client.get("/api/overview?campaign=9").status_code == 404
+
+
+def test_page_runs_no_inline_script_and_serves_nothing_writable(client: TestClient) -> None:
+    page = client.get("/")
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    html = page.text
+    assert html.count("<script") == 1 and '<script src="app.js" defer></script>' in html
+    script = client.get("/app.js").text
+    assert "innerHTML" not in script.replace("never through innerHTML", "")
+    assert "eval(" not in script and "insertAdjacentHTML" not in script
+    for method in ("post", "put", "delete", "patch"):
+        assert getattr(client, method)("/api/overview").status_code == 405
+
+
+def test_read_only_store_refuses_writes(database: str) -> None:
+    store = Store.open(database, read_only=True)
+    try:
+        with pytest.raises(Exception, match="(?i)read.?only"):
+            store.add_program(1, "x = 1\n", status="ok", scores={"a": 0.1, "b": 0.1}, raw={})
+    finally:
+        store.close()
+    with Store.open(database) as store:  # nothing was written
+        assert len(store.programs(1)) == 5
+
+
+def test_other_hosts_are_refused_when_bound_locally(database: str) -> None:
+    store = Store.open(database, read_only=True)
+    app = create_app(store, allowed_hosts=LOOPBACK)
+    assert (
+        TestClient(app, base_url="http://127.0.0.1:8300").get("/api/campaigns").status_code == 200
+    )
+    assert TestClient(app, base_url="http://localhost:8300").get("/").status_code == 200
+    rebound = TestClient(app, base_url="http://attacker.example:8300").get("/api/campaigns")
+    assert rebound.status_code == 400
+    store.close()
+
+
+def _add(store: Store, rng: random.Random, campaign: int, count: int) -> None:
+    for _ in range(count):
+        status = "ok" if rng.random() < 0.8 else "error"
+        a, b = round(rng.random(), 2), round(rng.random(), 2)
+        store.add_program(
+            campaign,
+            f"x = {rng.random()}\n",
+            status=status,
+            scores={"a": a, "b": b},
+            raw={"a": a * 10, "b": None},
+            parent_id=1,
+        )
+
+
+def test_live_view_read_in_steps_equals_a_fresh_read(database: str) -> None:
+    """A campaign writes while the dashboard refreshes; what it built from the new rows alone
+    matches what a dashboard opened afterwards reads in one go."""
+    writer = Store.open(database)
+    reader = Store.open(database, read_only=True)
+    live = Dashboard(reader).view(None)
+    rng = random.Random(7)
+    try:
+        for batch in (3, 1, 17, 0, 40):
+            _add(writer, rng, 1, batch)
+            seen = live.overview()
+            fresh = Dashboard(reader).view(None).overview()
+            assert seen == fresh
+            assert [r["id"] for r in live.top(n=20)] == [
+                r["id"] for r in Dashboard(reader).view(None).top(n=20)
+            ]
+        assert seen["programs"] == 5 + 61
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_program_committed_below_what_was_read_is_not_lost(sqlite_database: str) -> None:
+    """PostgreSQL sequences can commit id 100 before id 99; the dashboard notices the count
+    below its watermark changed and reads again."""
+    writer = Store.open(sqlite_database)
+    reader = Store.open(sqlite_database, read_only=True)
+    live = Dashboard(reader).view(None)
+
+    def insert_at(program_id: int, a: float) -> None:
+        with writer.engine.begin() as connection:
+            connection.execute(
+                insert(Program),
+                [
+                    {
+                        "id": program_id,
+                        "campaign_id": 1,
+                        "code": f"y = {program_id}\n",
+                        "code_hash": f"h{program_id}",
+                        "origin": "llm",
+                        "status": "ok",
+                    }
+                ],
+            )
+            connection.execute(
+                insert(Score),
+                [
+                    {"program_id": program_id, "objective": "a", "value": a, "raw": None},
+                    {"program_id": program_id, "objective": "b", "value": 0.0, "raw": None},
+                ],
+            )
+
+    try:
+        insert_at(100, 0.3)
+        assert live.overview()["programs"] == 6
+        insert_at(50, 0.99)  # the late commit
+        seen = live.overview()
+        assert seen["programs"] == 7 and seen["best"]["a"]["program_id"] == 50
+        assert seen == Dashboard(reader).view(None).overview()
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_ui_command_errors_are_one_line(sqlite_database: str, tmp_path) -> None:
+    def ui(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "harness.cli", "ui", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    missing = ui("--db", str(tmp_path / "none.db"))
+    assert missing.returncode == 2 and "no database at" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+    bad_port = ui("--db", sqlite_database, "--port", "70000")
+    assert bad_port.returncode == 2 and "port 70000 is not between 1 and 65535" in bad_port.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = ui("--db", sqlite_database, "--port", str(port))
+    assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+    assert len(busy.stderr.strip().splitlines()) == 1

@@ -1,0 +1,176 @@
+"""The dashboard in a real headless Chromium: `vpo ui` started as a user starts it, the page
+drawn, kept live while the campaign writes, and hostile program text shown as text.
+
+Needs Debian's `chromium` and `chromium-driver` (`make test` installs them) and selenium. Without
+them the test is skipped, unless $VPO_REQUIRE_BROWSER=1 (CI sets it) makes that a failure.
+Screenshots go to $VPO_ARTIFACTS (default: artifacts/ in the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from harness.store import Store
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+ARTIFACTS = Path(os.environ.get("VPO_ARTIFACTS", Path(__file__).parents[1] / "artifacts"))
+
+
+def _need_browser() -> None:
+    missing = [
+        name for name, found in (("chromium", CHROMIUM), ("chromedriver", DRIVER)) if not found
+    ]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium")
+    if missing:
+        reason = f"{', '.join(missing)} not installed; `make test` installs them"
+        if os.environ.get("VPO_REQUIRE_BROWSER") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def server(sqlite_database: str) -> Iterator[str]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "ui", "--db", sqlite_database, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"vpo ui did not start: {process.stdout.read()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    _need_browser()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1400,1800")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(driver: object, what: str, script: str, timeout: float = 30) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = driver.execute_script(script)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_dashboard_in_chromium(
+    server: str, browser: object, sqlite_database: str, hostile_code: str
+) -> None:
+    from selenium.common.exceptions import NoAlertPresentException
+
+    driver = browser
+    driver.get(server)
+    # Tables filled and plots drawn.
+    rows = _wait(
+        driver,
+        "the top table",
+        "return document.querySelectorAll('#top tbody tr').length",
+    )
+    assert rows == 4
+    first = driver.execute_script(
+        "return [...document.querySelectorAll('#top tbody tr')[0].cells].map(c => c.textContent)"
+    )
+    assert first[:3] == ["1", "5", "0.5750"]
+    plots = driver.execute_script(
+        "return [...document.querySelectorAll('.plot')].map(p => ["
+        " p.querySelector('h3').textContent,"
+        " p.querySelectorAll('circle').length, p.querySelectorAll('path').length])"
+    )
+    titles = [title for title, _, _ in plots]
+    assert titles[:2] == ["Best value per objective", "Pareto front: a vs b"]
+    by_title = {title: (circles, paths) for title, circles, paths in plots}
+    assert by_title["Best value per objective"] == (5, 2)  # a: 3 records, b: 2; one line each
+    assert by_title["Pareto front: a vs b"] == (4 + 3, 1)  # the cloud and the front
+    assert by_title["Programs stored"][1] == 1
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
+
+    # Live: a program the campaign stores now shows up without a reload.
+    with Store.open(sqlite_database) as writer:
+        writer.add_program(
+            1, "def f():\n    return 99\n", status="ok", scores={"a": 0.99, "b": 0.99}, raw={}
+        )
+    _wait(
+        driver,
+        "the new program",
+        "return document.querySelector('#top tbody tr td:nth-child(2)').textContent === '6'",
+        timeout=30,
+    )
+    assert "6" in driver.find_element("id", "summary").text
+
+    # A program whose code is markup: shown as text, never run.
+    driver.get(server + "#/program/4")
+    code = _wait(
+        driver,
+        "the program's code",
+        "const c = document.getElementById('program-code'); return c && c.textContent",
+    )
+    assert code == hostile_code
+    assert driver.find_element("id", "program-title").text == "Program 4"
+    assert driver.execute_script("return document.scripts.length") == 1
+    assert driver.execute_script("return document.querySelectorAll('pre script').length") == 0
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text  # noqa: B018
+    _wait(driver, "the lineage", "return document.querySelectorAll('#lineage .node').length")
+    driver.save_screenshot(str(ARTIFACTS / "dashboard-program.png"))
+
+    # A program with a parent: the diff and the lineage tree.
+    driver.get(server + "#/program/5")
+    _wait(driver, "the lineage", "return document.querySelectorAll('#lineage .node').length")
+    assert "+    return 11" in driver.find_element("id", "program-diff").text
+    nodes = driver.execute_script(
+        "return [...document.querySelectorAll('#lineage .node text')].map(t => t.textContent)"
+    )
+    assert any(n.startswith("5 ·") for n in nodes) and "draft 3" in nodes
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
