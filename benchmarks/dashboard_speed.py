@@ -11,7 +11,8 @@ copied into that (empty) PostgreSQL database and measured too.
 Timed, in process through FastAPI's test client (routing and JSON included), medians:
 - first read: what `vpo ui` does once before it serves (every campaign read in aggregate queries);
 - main page data (`/api/overview`), with nothing new and after 100 new programs were stored;
-- the top table by mean score, by one objective and by weights (`/api/top`);
+- the top table by mean score, by one objective, by weights the server has not seen (random
+  weights each time) and by the same weights again (`/api/top`);
 - a program page: the program with its diff (`/api/programs/ID`) and its lineage, random ids.
 
 Beside them, in the same run, what a user would otherwise do in a notebook: pandas `read_sql` of
@@ -125,7 +126,7 @@ def build(path: Path, n: int, objectives: list[str], seed: int = 0) -> None:
                     )
             valid = pid == 1 or rng.random() > INVALID_SHARE
             # Quality climbs towards the best known (1.0) and levels off; few programs reach it.
-            quality = min(0.93, quality + rng.expovariate(1.0) * 3e-5)
+            quality = min(0.9, quality + rng.expovariate(1.0) * 3e-5)
             code = synthetic_program(rng, f"p{pid}")
             programs.append(
                 {
@@ -246,8 +247,17 @@ def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
     results[f"top table, by {objectives[0]}"] = timed(
         lambda: get(f"/api/top?objective={objectives[0]}"), repeats
     )
+    weightings = iter(
+        ",".join(str(rng.randint(1, 9)) for _ in objectives) for _ in range(10 * repeats)
+    )
+    results["top table, weights asked first"] = timed(
+        lambda: get(f"/api/top?weights={next(weightings)}"), repeats
+    )
     weights = ",".join(str(k + 1) for k in range(len(objectives)))
-    results["top table, by weights"] = timed(lambda: get(f"/api/top?weights={weights}"), repeats)
+    get(f"/api/top?weights={weights}")
+    results["top table, same weights again"] = timed(
+        lambda: get(f"/api/top?weights={weights}"), repeats
+    )
     last = overview["last_program_id"]
     ids = iter(random.Random(seed + 1).sample(range(2, last), 4 * repeats))
     get(f"/api/programs/{next(ids)}/lineage")  # imports networkx once
@@ -347,16 +357,17 @@ def main() -> None:
         for engine in engines:
             cells += [ms(ours[engine][request]), ms(theirs[engine].get(request))]
         lines.append(f"| {request} | " + " | ".join(cells) + " |")
-    main_ms = max(
-        max(o["main page data"], o["main page data, 100 programs new"], o["top table, mean score"])
-        for o in ours.values()
+    main_rows = [r for r in ours["SQLite"] if r.startswith(("main page", "top table"))]
+    main_ms = max(o[r] for o in ours.values() for r in main_rows)
+    program_ms = max(
+        o["program page (code, scores, diff)"] + o["program lineage"] for o in ours.values()
     )
-    program_ms = max(o["program page (code, scores, diff)"] for o in ours.values())
     verdict = (
-        f"Targets: main page data and the top table under {MAIN_TARGET_MS:.0f} ms (slowest here "
-        f"{main_ms:.0f} ms: {'met' if main_ms < MAIN_TARGET_MS else 'missed'}); a program page "
-        f"under {PROGRAM_TARGET_MS:.0f} ms (slowest here {program_ms:.0f} ms: "
-        f"{'met' if program_ms < PROGRAM_TARGET_MS else 'missed'})."
+        f"Targets: main page data and every top table under {MAIN_TARGET_MS:.0f} ms (slowest "
+        f"here {main_ms:.0f} ms: {'met' if main_ms < MAIN_TARGET_MS else 'missed'}); a program "
+        f"page, its two requests together, under {PROGRAM_TARGET_MS:.0f} ms (slowest here "
+        f"{program_ms:.0f} ms: {'met' if program_ms < PROGRAM_TARGET_MS else 'missed'}). The "
+        "first read happens once, before `vpo ui` prints its address."
     )
     command = " ".join(["python", "benchmarks/dashboard_speed.py", *sys.argv[1:]])
     report = "\n".join(

@@ -26,8 +26,10 @@ from harness.store import Store
 # Points the scatter cloud and the progress curve keep; they thin themselves past twice this.
 CLOUD_POINTS = 2000
 PROGRESS_POINTS = 400
-# Best programs by mean score kept in memory; enough for a table of 100 after removing copies.
+# Best programs kept in memory per ranking (the mean and the last few weightings asked for);
+# enough for a table of 100 after removing copies.
 TOP_KEPT = 400
+RANKINGS_KEPT = 8
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -57,7 +59,10 @@ class CampaignView:
         }
         self.cloud: list[tuple[int, list[float]]] = []
         self.cloud_stride = 1
-        self.top_mean: list[tuple[int, float, str]] = []
+        # Normalised weights -> best (id, key, code hash); the mean's is filled at once.
+        self.tops: dict[tuple[float, ...], list[tuple[int, float, str]]] = {}
+        if self.objectives:
+            self.tops[_normalised([1.0] * len(self.objectives))] = []
         self.progress: list[tuple[int, datetime]] = []
         self.progress_stride = 1
         self.groups: list[tuple[int, datetime, int]] = []
@@ -74,7 +79,7 @@ class CampaignView:
             store, cid = self._store, self.campaign.id
             self.campaign = next(c for c in store.campaigns() if c.id == cid)
             if store.objectives(cid) != self.objectives or (
-                self.last_id and store.status_counts(cid, upto=self.last_id) != self.counts
+                self.last_id and store.program_count(cid, upto=self.last_id) != self.programs
             ):
                 self._reset()
             after = self.last_id
@@ -101,10 +106,11 @@ class CampaignView:
             while len(self.cloud) > 2 * CLOUD_POINTS:
                 self.cloud_stride *= 2
                 self.cloud = [p for p in self.cloud if p[0] % self.cloud_stride == 0]
-            if self.objectives:
-                weights = dict.fromkeys(self.objectives, 1.0)
-                merged = self.top_mean + store.top_by_weights(cid, weights, TOP_KEPT, after, upto)
-                self.top_mean = sorted(merged, key=lambda r: (-r[1], r[0]))[:TOP_KEPT]
+            for key, kept in self.tops.items():
+                weights = dict(zip(self.objectives, key, strict=True))
+                self.tops[key] = _merge(
+                    kept, store.top_by_weights(cid, weights, TOP_KEPT, after, upto)
+                )
             self.progress = _keep_last_and_stride(
                 self.progress
                 + store.progress_points(cid, self.progress_stride, self.programs, after, upto),
@@ -173,18 +179,29 @@ class CampaignView:
         weights: Sequence[float] | None = None,
         n: int = 50,
     ) -> list[dict[str, Any]]:
-        """The top table: by one objective or weights through the views, by the mean score
-        from what `refresh` kept (falling back to a query when copies crowd it out)."""
-        if objective is not None or weights is not None:
-            return views.top(
-                self._store, self.campaign.id, objective=objective, weights=weights, n=n
-            )
+        """The top table. By one objective: a walk down the index. By weights (the mean when
+        none): from the best programs kept for that weighting, which `refresh` keeps current;
+        a weighting not asked for recently is read once (and falls back to a query when
+        copies crowd the kept rows out)."""
+        if objective is not None:
+            return views.top(self._store, self.campaign.id, objective=objective, n=n)
+        if not views.weights_by_objective(self.objectives, weights):
+            return []
         self.refresh()
+        key = _normalised(weights or [1.0] * len(self.objectives))
         with self._lock:
-            kept = list(self.top_mean)
+            if key not in self.tops:
+                if len(self.tops) >= RANKINGS_KEPT:
+                    del self.tops[next(k for k in self.tops if len(set(k)) > 1)]
+                by = dict(zip(self.objectives, key, strict=True))
+                # Read to the watermark: the next refresh adds what came after it.
+                self.tops[key] = self._store.top_by_weights(
+                    self.campaign.id, by, TOP_KEPT, 0, self.last_id
+                )
+            kept = list(self.tops[key])
         chosen = views.distinct_ranked(kept, n)
         if len(chosen) < n and len(kept) == TOP_KEPT:
-            return views.top(self._store, self.campaign.id, n=n)
+            return views.top(self._store, self.campaign.id, weights=weights, n=n)
         return views.ranked_rows(self._store, chosen)
 
 
@@ -349,6 +366,18 @@ def serve(store: Store, host: str, port: int) -> None:
             flush=True,
         )
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _normalised(weights: Sequence[float]) -> tuple[float, ...]:
+    total = sum(weights)
+    return tuple(round(w / total, 12) for w in weights)
+
+
+def _merge(
+    kept: list[tuple[int, float, str]], new: list[tuple[int, float, str]]
+) -> list[tuple[int, float, str]]:
+    """The best TOP_KEPT of both, best first, oldest first among equals."""
+    return sorted(kept + new, key=lambda r: (-r[1], r[0]))[:TOP_KEPT]
 
 
 def _stride(count: int, points: int) -> int:

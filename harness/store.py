@@ -705,6 +705,14 @@ class Store:
             *_id_range(_PROGRAM.c.id, after_id, upto),
         )
 
+    def _valid_scores(self, campaign_id: int, after_id: int, upto: int | None) -> list[Any]:
+        """Conditions for the score rows of those programs; the range on the score's own key
+        lets a short range be read from the primary key instead of every row of an objective."""
+        return [
+            _SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)),
+            *_id_range(_SCORE.c.program_id, after_id, upto),
+        ]
+
     def top_by_weights(
         self,
         campaign_id: int,
@@ -799,7 +807,7 @@ class Store:
         with self._engine.connect() as connection:
             rows = connection.execute(
                 select(_SCORE.c.program_id, key)
-                .where(_SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)))
+                .where(*self._valid_scores(campaign_id, after_id, upto))
                 .group_by(_SCORE.c.program_id)
                 .order_by(key.desc(), _SCORE.c.program_id)
                 .limit(limit)
@@ -822,8 +830,8 @@ class Store:
                 earlier.label("earlier"),
             )
             .where(
-                _SCORE.c.objective == objective,
-                _SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)),
+                _objective_in([objective], after_id),
+                *self._valid_scores(campaign_id, after_id, upto),
             )
             .subquery()
         )
@@ -847,8 +855,8 @@ class Store:
                 func.max(case((_SCORE.c.objective == y, _SCORE.c.value))).label("y"),
             )
             .where(
-                _SCORE.c.objective.in_([x, y]),
-                _SCORE.c.program_id.in_(self._valid_ids(campaign_id, after_id, upto)),
+                _objective_in([x, y], after_id),
+                *self._valid_scores(campaign_id, after_id, upto),
             )
             .group_by(_SCORE.c.program_id)
             .subquery()
@@ -888,7 +896,11 @@ class Store:
         with self._engine.connect() as connection:
             for program_id, objective, value in connection.execute(
                 select(_SCORE.c.program_id, _SCORE.c.objective, _SCORE.c.value)
-                .where(_SCORE.c.program_id.in_(wanted), _SCORE.c.objective.in_(objectives))
+                .where(
+                    _SCORE.c.program_id.in_(wanted),
+                    *_id_range(_SCORE.c.program_id, after_id, upto),
+                    _objective_in(objectives, after_id),
+                )
                 .order_by(_SCORE.c.program_id)
             ):
                 vectors.setdefault(program_id, [0.0] * len(objectives))[column[objective]] = value
@@ -940,6 +952,20 @@ class Store:
                 .order_by(_GROUP.c.id)
             ).all()
         return [(gid, at, int(tokens)) for gid, at, tokens in rows]
+
+    def program_count(self, campaign_id: int, upto: int | None = None) -> int:
+        """How many programs the campaign has (with id <= `upto`): the (campaign_id, id)
+        index counts them."""
+        with self._engine.connect() as connection:
+            return (
+                connection.scalar(
+                    select(func.count()).where(
+                        _PROGRAM.c.campaign_id == campaign_id,
+                        *_id_range(_PROGRAM.c.id, 0, upto),
+                    )
+                )
+                or 0
+            )
 
     def last_program_id(self, campaign_id: int) -> int | None:
         with self._engine.connect() as connection:
@@ -1558,6 +1584,14 @@ def _weighted(
     share: Mapping[str, float], names: Sequence[str], values: Mapping[str, float]
 ) -> float:
     return sum(share[name] * values.get(name, 0.0) for name in names)
+
+
+def _objective_in(names: Sequence[str], after_id: int) -> Any:
+    """`score.objective IN names`; for the programs after an id, written as an expression so
+    no engine answers it from the objective index (every row of the objective) instead of
+    the short program-id range."""
+    column = _SCORE.c.objective
+    return (column if after_id == 0 else column.concat("")).in_(list(names))
 
 
 def _id_range(column: Any, after_id: int, upto: int | None) -> list[Any]:

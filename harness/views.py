@@ -53,6 +53,17 @@ def top(
             store,
             _best_distinct(lambda k: store.best_by_objective(campaign_id, objective, k), n),
         )
+    by = weights_by_objective(objectives, weights)
+    if not by:
+        return []
+    return ranked_rows(store, _best_distinct(lambda k: store.top_by_weights(campaign_id, by, k), n))
+
+
+def weights_by_objective(
+    objectives: Sequence[str], weights: Sequence[float] | None
+) -> dict[str, float]:
+    """Objective -> weight, all 1 when `weights` is None; a UserError unless there is one
+    weight >= 0 per objective, not all 0."""
     if weights is not None and (
         len(weights) != len(objectives) or any(not w >= 0 for w in weights) or not sum(weights)
     ):
@@ -60,10 +71,7 @@ def top(
             f"--weights needs {len(objectives)} numbers >= 0, not all 0 "
             f"(one per objective: {', '.join(objectives)})"
         )
-    if not objectives:
-        return []
-    by = dict(zip(objectives, weights or [1.0] * len(objectives), strict=True))
-    return ranked_rows(store, _best_distinct(lambda k: store.top_by_weights(campaign_id, by, k), n))
+    return dict(zip(objectives, weights or [1.0] * len(objectives), strict=True))
 
 
 def _best_distinct(

@@ -139,9 +139,10 @@ def test_live_view_read_in_steps_equals_a_fresh_read(database: str) -> None:
             seen = live.overview()
             fresh = Dashboard(reader).view(None).overview()
             assert seen == fresh
-            assert [r["id"] for r in live.top(n=20)] == [
-                r["id"] for r in Dashboard(reader).view(None).top(n=20)
-            ]
+            for weights in (None, [1.0, 3.0]):
+                assert [r["id"] for r in live.top(weights=weights, n=20)] == [
+                    r["id"] for r in Dashboard(reader).view(None).top(weights=weights, n=20)
+                ]
         assert seen["programs"] == 5 + 61
     finally:
         writer.close()
