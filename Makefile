@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 backends: install
 	bash scripts/install-llm-backends.sh $(VENV)
 
-# Debian packages the tests need (PostgreSQL); installed only when missing.
+# Debian packages the tests need (PostgreSQL, Chromium); installed only when missing.
 system-deps:
 	bash scripts/install-system-deps.sh
 

@@ -376,8 +376,9 @@ def _normalised(weights: Sequence[float]) -> tuple[float, ...]:
 def _merge(
     kept: list[tuple[int, float, str]], new: list[tuple[int, float, str]]
 ) -> list[tuple[int, float, str]]:
-    """The best TOP_KEPT of both, best first, oldest first among equals."""
-    return sorted(kept + new, key=lambda r: (-r[1], r[0]))[:TOP_KEPT]
+    """The best TOP_KEPT of both (a program once), best first, oldest first among equals."""
+    unique = {row[0]: row for row in kept + new}
+    return sorted(unique.values(), key=lambda r: (-r[1], r[0]))[:TOP_KEPT]
 
 
 def _stride(count: int, points: int) -> int:

@@ -722,97 +722,31 @@ class Store:
         upto: int | None = None,
     ) -> list[tuple[int, float, str]]:
         """(program id, weighted mean score, code hash) of the `limit` best valid programs
-        among those in (after_id, upto], best first, oldest first among equals.
-
-        Over the whole campaign this is Fagin's threshold algorithm (Fagin, Lotem and Naor,
-        "Optimal aggregation algorithms for middleware", PODS 2001): read each weighted
-        objective's best rows down its index to a depth, score the programs seen, and stop once
-        the limit-th of them beats the best any unseen program could reach, the weighted sum of
-        the values at that depth; else go deeper. A range of new programs is one aggregate."""
+        among those in (after_id, upto], best first, oldest first among equals: one aggregate
+        over their score rows (about 0.25 s for 100k programs of 3 objectives on SQLite)."""
         total = sum(weights.values())
         if not weights or total <= 0 or any(not w >= 0 for w in weights.values()):
             raise ValueError("weights must be >= 0 and not all 0")
-        share = {name: w / total for name, w in weights.items() if w > 0}
-        ranked = None
-        if after_id == 0 and upto is None:
-            ranked = self._threshold_top(campaign_id, share, limit)
-        if ranked is None:
-            ranked = self._aggregate_top(campaign_id, share, limit, after_id, upto)
-        if not ranked:
-            return []
-        with self._engine.connect() as connection:
-            hashes = dict(
-                connection.execute(
-                    select(_PROGRAM.c.id, _PROGRAM.c.code_hash).where(
-                        _PROGRAM.c.id.in_([pid for pid, _ in ranked])
-                    )
-                ).all()
-            )
-        return [(pid, key, hashes[pid]) for pid, key in ranked]
-
-    def _threshold_top(
-        self, campaign_id: int, share: Mapping[str, float], limit: int
-    ) -> list[tuple[int, float]] | None:
-        """None when two depths did not settle it (many programs tied at the threshold):
-        reading on would cost more than the aggregate."""
-        names = list(share)
-        depth = max(2 * limit, 16)
-        for _ in range(2):
-            seen: set[int] = set()
-            edge: list[float] = []
-            last_ids: list[int] = []
-            exhausted = False
-            for name in names:
-                column = self.best_by_objective(campaign_id, name, depth)
-                seen.update(pid for pid, _, _ in column)
-                exhausted = exhausted or len(column) < depth
-                if column:
-                    edge.append(column[-1][1])
-                    last_ids.append(column[-1][0])
-            values: dict[int, dict[str, float]] = {pid: {} for pid in seen}
-            with self._engine.connect() as connection:
-                for pid, name, value in connection.execute(
-                    select(_SCORE.c.program_id, _SCORE.c.objective, _SCORE.c.value).where(
-                        _SCORE.c.program_id.in_(list(seen)), _SCORE.c.objective.in_(names)
-                    )
-                ):
-                    values[pid][name] = value
-            # Summed in one order everywhere, so equal vectors give bit-equal keys.
-            ranked = sorted(
-                ((pid, _weighted(share, names, got)) for pid, got in values.items()),
-                key=lambda item: (-item[1], item[0]),
-            )
-            if exhausted:
-                return ranked[:limit]
-            if len(ranked) >= limit:
-                # No unseen program beats the threshold; one that ties it comes after the
-                # depth's last row in every list, so after all of them in id order.
-                threshold = _weighted(share, names, dict(zip(names, edge, strict=True)))
-                pid, key = ranked[limit - 1]
-                if key > threshold or (key == threshold and pid < max(last_ids)):
-                    return ranked[:limit]
-            depth *= 4
-        return None
-
-    def _aggregate_top(
-        self,
-        campaign_id: int,
-        share: Mapping[str, float],
-        limit: int,
-        after_id: int,
-        upto: int | None,
-    ) -> list[tuple[int, float]]:
-        weight = case(*((_SCORE.c.objective == name, w) for name, w in share.items()), else_=0.0)
+        weight = case(
+            *((_SCORE.c.objective == name, w / total) for name, w in weights.items() if w > 0),
+            else_=0.0,
+        )
         key = func.sum(_SCORE.c.value * weight).label("key")
+        ranked = (
+            select(_SCORE.c.program_id, key)
+            .where(*self._valid_scores(campaign_id, after_id, upto))
+            .group_by(_SCORE.c.program_id)
+            .order_by(key.desc(), _SCORE.c.program_id)
+            .limit(limit)
+            .subquery()
+        )
         with self._engine.connect() as connection:
             rows = connection.execute(
-                select(_SCORE.c.program_id, key)
-                .where(*self._valid_scores(campaign_id, after_id, upto))
-                .group_by(_SCORE.c.program_id)
-                .order_by(key.desc(), _SCORE.c.program_id)
-                .limit(limit)
+                select(ranked.c.program_id, ranked.c.key, _PROGRAM.c.code_hash)
+                .join(_PROGRAM, _PROGRAM.c.id == ranked.c.program_id)
+                .order_by(ranked.c.key.desc(), ranked.c.program_id)
             ).all()
-        return [(pid, float(value)) for pid, value in rows]
+        return [(r.program_id, float(r.key), r.code_hash) for r in rows]
 
     def record_points(
         self, campaign_id: int, objective: str, after_id: int = 0, upto: int | None = None
@@ -1578,12 +1512,6 @@ def _program_row_record(row: Any, scores: Sequence[Any]) -> ProgramRecord:
         scores={score.objective: score.value for score in scores},
         raw={score.objective: score.raw for score in scores},
     )
-
-
-def _weighted(
-    share: Mapping[str, float], names: Sequence[str], values: Mapping[str, float]
-) -> float:
-    return sum(share[name] * values.get(name, 0.0) for name in names)
 
 
 def _objective_in(names: Sequence[str], after_id: int) -> Any:

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the test suite needs, when they are missing.
+# Installs the Debian packages the test suite needs (PostgreSQL, Chromium and its driver),
+# when they are missing.
 set -euo pipefail
 
 missing=()
 compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+# The dashboard's browser test drives Chromium through its WebDriver.
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

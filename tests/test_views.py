@@ -135,3 +135,33 @@ def test_migrant_copies_are_listed_once(database: str, capsys: pytest.CaptureFix
     by_mean = run(capsys, "top", "--db", database)
     assert [row["id"] for row in by_mean] == [5, 1, 2, 3]
     assert sorted(row["id"] for row in run(capsys, "pareto", "--db", database)) == [1, 3, 5]
+
+
+def test_exports_load_in_hugging_face_datasets(
+    database: str, hostile_code: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """What a user fine-tunes from: both exports, both formats, read by `datasets` itself."""
+    import datasets
+
+    db = str(database)
+    for fmt in ("jsonl", "parquet"):
+        files = {}
+        for what in ("programs", "trajectories"):
+            files[what] = tmp_path / f"{what}.{fmt}"
+            argv = ["export", "--db", db, "--what", what, "--format", fmt]
+            run(capsys, *argv, "--out", str(files[what]))
+        builder = "json" if fmt == "jsonl" else "parquet"
+        programs = datasets.load_dataset(
+            builder, data_files=str(files["programs"]), split="train", cache_dir=str(tmp_path)
+        )
+        assert programs.num_rows == 5 and programs["id"] == [1, 2, 3, 4, 5]
+        assert programs[3]["code"] == hostile_code
+        assert programs[4]["scores"] == {"a": 0.95, "b": 0.2}
+        trajectories = datasets.load_dataset(
+            builder, data_files=str(files["trajectories"]), split="train", cache_dir=str(tmp_path)
+        )
+        assert trajectories.num_rows == 3
+        first = trajectories[0]
+        assert first["rewards"] == [[0.9, 0.1], [0.1, 0.9]] and first["mask"] == [True, True]
+        assert first["token_ids"] == [1, 2, 3] and first["prompt_token_ids"] == [5, 6]
+        assert trajectories[1]["mask"] == [True, False]
