@@ -12,6 +12,7 @@ so nothing stored can execute in the browser.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from datetime import datetime
@@ -413,10 +414,11 @@ def _minutes(at: datetime, start: datetime | None) -> float:
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics dict (a browser's JSON has no NaN)."""
     return {
         k: float(v)
         for k, v in metrics.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
 
 
