@@ -333,6 +333,8 @@ function fact(label, value, href) {
 async function showProgram(id) {
   $("overview-page").hidden = true;
   $("program-page").hidden = false;
+  $("live").textContent = "a program page: updates resume on the overview";
+  $("live").className = "live";
   try {
     const p = await getJSON(`/api/programs/${id}`);
     $("program-title").textContent = `Program ${p.id}`;
