@@ -239,3 +239,17 @@ def test_resume_of_a_folder_that_is_not_a_policy_says_so(tmp_path: Path) -> None
 
     with pytest.raises(ModelError, match="not a saved policy"):
         Policy.resume(tmp_path)
+
+
+def test_gpu_check_says_why_it_skips_without_cuda() -> None:
+    """`benchmarks/gpu_check.sh` is for CUDA machines; elsewhere one line and success."""
+    import subprocess
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the script runs its steps instead")
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_check.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert done.stdout.strip().startswith("gpu_check: skipped: torch ")
+    assert "sees no CUDA device" in done.stdout and done.stderr == ""

@@ -235,7 +235,11 @@ def train_step(
             with torch.no_grad(), policy.reference_model() as reference, policy.autocast():
                 ref = completion_logprobs(reference, batch, config)
         old = batch["sampler_logprobs"] if config.old_logprobs == "sampler" else logprobs
-        values = torch.tensor([advantages.per_rollout[i] for i in chosen], dtype=logprobs.dtype)
+        values = torch.tensor(
+            [advantages.per_rollout[i] for i in chosen],
+            dtype=logprobs.dtype,
+            device=logprobs.device,
+        )
         loss, parts = policy_loss(
             logprobs,
             old.detach(),

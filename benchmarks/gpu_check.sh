@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# VPO training steps on a CUDA device (full fine-tuning and LoRA): loss finite, weights changed,
+# step time printed. On a machine without CUDA it says so in one line and exits 0.
+#   bash benchmarks/gpu_check.sh [--model NAME|DIR] [--random-init] [--steps 4] ...
+# Options are those of benchmarks/gpu_check.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=python3
+if [ -x .venv/bin/python ]; then
+    python=.venv/bin/python
+fi
+exec "$python" benchmarks/gpu_check.py "$@"
