@@ -1,7 +1,8 @@
 """AlphaEvolve's published circle packings, as a candidate program.
 
 Data: google-deepmind/alphaevolve_results, mathematical_results.ipynb (CC-BY 4.0); AlphaEvolve,
-Novikov et al., arXiv 2506.13131, Appendix B.12-B.13. Score it with
+Novikov et al., arXiv 2506.13131, Appendix B.12-B.13 (the unit square, n = 26 and 32, and the
+rectangle of perimeter 4, n = 21). Score it with
 
     vpo eval circle_packing examples/circle_packing_alphaevolve.py
 """
@@ -73,7 +74,32 @@ PACKINGS = {
     ],
 }
 
+# 21 circles in a rectangle of perimeter 4 (AlphaEvolve 2.3658321).
+RECTANGLE_21 = [
+    (0.12396161, 0.12396161, 0.12396159760383901),
+    (0.0747415, 0.31647214, 0.07474149252585001),
+    (0.12740019, 0.51163445, 0.127400177259981),
+    (0.0747415, 0.70679675, 0.07474149252585001),
+    (0.12396161, 0.89930729, 0.12396159760383901),
+    (0.36284141, 0.11508312, 0.115083108491688),
+    (0.25916864, 0.31452627, 0.10969588903041),
+    (0.37244262, 0.51163445, 0.117642228235776),
+    (0.25916864, 0.70874263, 0.10969588903041),
+    (0.3628414, 0.90818577, 0.11508311849168701),
+    (0.59083599, 0.11292169, 0.11292167870783101),
+    (0.48083152, 0.30914434, 0.112032298796769),
+    (0.62891008, 0.51163445, 0.138825206117478),
+    (0.48083152, 0.71412455, 0.112032298796769),
+    (0.59083598, 0.9103472, 0.11292168870783001),
+    (0.67852787, 0.2919303, 0.086412051358794),
+    (0.85766825, 0.39257159, 0.11906284809371401),
+    (0.85766825, 0.6306973, 0.11906284809371401),
+    (0.67852787, 0.73133859, 0.086412051358794),
+    (0.83965981, 0.8861976, 0.13707128629287002),
+    (0.83965981, 0.1370713, 0.13707128629287002),
+]
 
-def construct_packing(n):
-    rows = np.array(PACKINGS[n])
+
+def construct_packing(n, container="square"):
+    rows = np.array(RECTANGLE_21 if container == "rectangle" else PACKINGS[n])
     return rows[:, :2], rows[:, 2]

@@ -89,7 +89,7 @@ def test_a_short_campaign_records_every_iteration(tiny_model: str, tmp_path: Pat
     report = summary_json(store, campaign_id)
     assert report["groups"] == 4 and report["trajectories"] == 8
     assert report["tokens"] > 0 and report["valid_programs"] >= 1
-    assert set(report["best"]) == {"n26", "n32"}
+    assert set(report["best"]) == {"n26", "n32", "rect21"}
     assert store.get_campaign("circle_packing").status == "finished"
     # resuming a finished campaign with a larger budget continues where it stopped
     run_campaign(build(fast_settings(tiny_model, iterations=6)), store, CirclePacking())
@@ -306,7 +306,7 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
     assert printed.count("step ") >= 3 and "vpo run --model" in printed
     report = json.loads((out / "vpo-train.json").read_text())
     assert [s["step"] for s in report["steps"]] == [1, 2, 3]
-    assert report["objectives"] == ["n26", "n32"] and report["groups"] == 3
+    assert report["objectives"] == ["n26", "n32", "rect21"] and report["groups"] == 3
     assert (out / "config.json").exists()  # a plain model folder, the adapter merged in
 
     # `vpo run --model DIR` samples from it.
@@ -368,7 +368,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
 
     # The weights moved away from the embedded model's.
     start = load_model("smollm2", dtype=torch.float32)
-    trainer = start_trainer(config, store, campaign_id, "circle_packing", ["n26", "n32"])
+    trainer = start_trainer(config, store, campaign_id, "circle_packing", ["n26", "n32", "rect21"])
     assert trainer is not None and trainer.policy.step == 3
     changed = [
         name

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from problems.api import Call, Infeasible
-from problems.circle_packing import CirclePacking, check_packing
+from problems.circle_packing import CirclePacking, check_packing, check_rectangle_packing
 
 DATA = Path(__file__).parents[1] / "problems" / "circle_packing" / "data"
 PUBLISHED = json.loads((DATA / "alphaevolve_circle_packings.json").read_text())
@@ -133,4 +133,40 @@ def test_problem_scores_per_call() -> None:
     centers, radii = grid(32)
     assert problem.score(Call("n32", (32,), ("n32",)), [centers, radii]) == {
         "n32": pytest.approx(32 / 12 * (1 - 1e-12))
+    }
+
+
+def test_published_rectangle_packing_verifies_at_its_published_sum() -> None:
+    centers, radii = published("rectangle_perimeter4_n21")
+    total = check_rectangle_packing([centers, radii], 21)
+    assert total == pytest.approx(PUBLISHED["rectangle_perimeter4_n21"]["sum_radii"], abs=1e-12)
+    assert CirclePacking().objective("rect21").normalise(total) == pytest.approx(1.0, abs=1e-7)
+    for i in range(21):  # any radius 1e-6 larger breaks a contact or the perimeter
+        bumped = radii.copy()
+        bumped[i] += 1e-6
+        with pytest.raises(Infeasible, match="overlap|perimeter"):
+            check_rectangle_packing([centers, bumped], 21)
+
+
+def test_rectangle_perimeter_is_checked_exactly() -> None:
+    # Two circles side by side: box 4r x 2r, so width + height = 6r; r = 1/3 is exactly 2.
+    r = 1 / 3
+    touching = [[[r, r], [3 * r, r]], [r, r]]
+    assert check_rectangle_packing(touching, 2) == pytest.approx(2 / 3)
+    wider = [[[r, r], [3 * r + 1e-9, r]], [r, r]]
+    with pytest.raises(Infeasible, match="perimeter"):
+        check_rectangle_packing(wider, 2)
+    # Where the box sits does not matter, only its size.
+    moved = [[[r + 5, r - 7], [3 * r + 5, r - 7]], [r, r]]
+    assert check_rectangle_packing(moved, 2) == pytest.approx(2 / 3)
+
+
+def test_the_rectangle_is_its_own_call() -> None:
+    problem = CirclePacking()
+    assert [c.key for c in problem.calls()] == ["n26", "n32", "rect21"]
+    rect = problem.calls()[2]
+    assert rect.args == (21, "rectangle") and rect.objectives == ("rect21",)
+    centers, radii = published("rectangle_perimeter4_n21")
+    assert problem.score(rect, [centers, radii]) == {
+        "rect21": pytest.approx(2.3658321334, abs=1e-9)
     }

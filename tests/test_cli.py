@@ -27,11 +27,12 @@ def packing_program(bump: float = 0.0) -> str:
     rows = {
         26: PUBLISHED["unit_square_n26"]["circles"],
         32: PUBLISHED["unit_square_n32"]["circles"],
+        21: PUBLISHED["rectangle_perimeter4_n21"]["circles"],
     }
     return (
         "import numpy as np\n"
         f"ROWS = {rows!r}\n"
-        "def construct_packing(n):\n"
+        "def construct_packing(n, container='square'):\n"
         "    rows = np.array(ROWS[n])\n"
         f"    rows[0, 2] += {bump!r}\n"
         "    return rows[:, :2], rows[:, 2]\n"
@@ -56,6 +57,7 @@ def test_eval_reports_alphaevolve_packings_at_their_published_sums(tmp_path: Pat
     assert report["status"] == "ok" and report["reason"] is None
     assert round(report["raw"]["n26"], 10) == 2.6358627564
     assert round(report["raw"]["n32"], 10) == 2.9379445262
+    assert round(report["raw"]["rect21"], 10) == 2.3658321334
     assert all(0.9999 < s <= 1.0 for s in report["scores"].values())
 
 
@@ -66,8 +68,8 @@ def test_eval_rejects_a_radius_raised_by_1e_6(tmp_path: Path) -> None:
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert report["status"] == "invalid"
-    assert report["scores"] == {"n26": 0.0, "n32": 0.0}
-    assert "n26:" in report["reason"] and "(and 1 more)" in report["reason"]
+    assert report["scores"] == {"n26": 0.0, "n32": 0.0, "rect21": 0.0}
+    assert "n26:" in report["reason"] and "(and 2 more)" in report["reason"]
 
 
 def test_eval_table_output(tmp_path: Path) -> None:
@@ -193,3 +195,4 @@ def test_shipped_example_scores_the_published_sums() -> None:
     assert result.returncode == 0, result.stderr
     raw = json.loads(result.stdout)["raw"]
     assert (round(raw["n26"], 10), round(raw["n32"], 10)) == (2.6358627564, 2.9379445262)
+    assert round(raw["rect21"], 10) == 2.3658321334

@@ -35,18 +35,23 @@ def test_combine_keeps_the_credit_of_calls_that_worked() -> None:
     problem = CirclePacking()
     evaluation = combine(
         problem,
-        {"n26": ("ok", {"n26": 2.0}, None), "n32": ("timeout", {}, "timed out after 10 s")},
+        {
+            "n26": ("ok", {"n26": 2.0}, None),
+            "n32": ("timeout", {}, "timed out after 10 s"),
+            "rect21": ("ok", {"rect21": 2.0}, None),
+        },
     )
     assert evaluation.status == "timeout"
     assert evaluation.reason == "n32: timed out after 10 s"
     assert evaluation.scores["n26"] == pytest.approx(2.0 / 2.63598308)
     assert evaluation.scores["n32"] == 0.0
-    assert evaluation.raw == {"n26": 2.0, "n32": None}
+    assert evaluation.scores["rect21"] == pytest.approx(2.0 / 2.3658321)
+    assert evaluation.raw == {"n26": 2.0, "n32": None, "rect21": 2.0}
 
 
 def test_empty_evaluation_is_all_zeros() -> None:
     evaluation = CirclePacking().empty_evaluation("invalid", "did not parse")
-    assert evaluation.scores == {"n26": 0.0, "n32": 0.0}
+    assert evaluation.scores == {"n26": 0.0, "n32": 0.0, "rect21": 0.0}
     assert evaluation.to_json()["reason"] == "did not parse"
 
 

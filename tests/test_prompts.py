@@ -124,7 +124,7 @@ def test_feedback_shows_the_error_and_a_bounded_stderr_tail() -> None:
     assert "stderr (n32), last lines:" in feedback and "stderr (n26)" not in feedback
     assert "ValueError: the last line" in feedback
     assert len(feedback) < 800
-    assert "Scores [invalid]: n26 0.5000 (raw 1.31799154), n32 0.5000\n" in text
+    assert "Scores [invalid]: n26 0.5000 (raw 1.31799154), n32 0.5000, rect21 0.0000\n" in text
 
 
 def test_a_flat_stderr_artifact_is_shown_too() -> None:
