@@ -32,8 +32,9 @@ def evaluate_many(
     """Evaluate several programs, all their calls in one parallel batch to keep workers busy."""
     calls = list(problem.calls())
     limits = limits or limits_for(problem)
+    entry = problem.driver_entry or problem.entry
     jobs = [
-        SandboxCall(code, problem.entry, tuple(call.args), limits)
+        SandboxCall(with_driver(problem, code), entry, tuple(call.args), limits)
         for code in codes
         for call in calls
     ]
@@ -55,6 +56,16 @@ def evaluate_many(
         seconds = sum(outcome.seconds for outcome in mine)
         evaluations.append(combine(problem, results, seconds, artifacts))
     return evaluations
+
+
+def with_driver(problem: Problem, code: str) -> str:
+    """The candidate's code, followed by the problem's trusted driver when it has one (after it,
+    so a candidate cannot redefine the driver)."""
+    if not problem.driver:
+        return code
+    return (
+        f"{code.rstrip()}\n\n\n# The harness's driver, appended to the program.\n{problem.driver}"
+    )
 
 
 def _score_call(

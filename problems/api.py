@@ -102,7 +102,8 @@ class Problem(ABC):
 
     Class attributes a subclass sets: `name`, `description` (the statement the model reads),
     `seed_program` (a valid starting program), `objectives`, `entry` (the function the
-    candidate defines), `time_limit` (seconds of wall clock per call) and `memory_mb`.
+    candidate defines), `time_limit` (seconds of wall clock per call) and `memory_mb`; and, for
+    a driven heuristic, `driver` and `driver_entry`.
     """
 
     name: str
@@ -112,6 +113,13 @@ class Problem(ABC):
     entry: str
     time_limit: float = 10.0
     memory_mb: int = 2048
+    # For a candidate that is a heuristic the harness drives (FunSearch's priority functions):
+    # `driver` is trusted source appended to the candidate's code, and the sandbox calls
+    # `driver_entry` instead of `entry`. The driver only maps the heuristic over an instance;
+    # `score` runs the fixed algorithm on what it returns, so whatever comes back (a tampered
+    # driver included) is judged by trusted code. Empty: `entry` is called directly.
+    driver: str = ""
+    driver_entry: str = ""
 
     def calls(self) -> Sequence[Call]:
         """The calls to make; by default one call without arguments that scores every objective."""

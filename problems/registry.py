@@ -84,6 +84,11 @@ def _validated(problem: Problem, where: str) -> Problem:
             raise ProblemLoadError(f"problem from {where}: `{attribute}` must be a string")
     if not problem.entry.isidentifier():
         raise ProblemLoadError(f"problem from {where}: entry {problem.entry!r} is not a name")
+    driver_entry = getattr(problem, "driver_entry", "")
+    if driver_entry and (not driver_entry.isidentifier() or not problem.driver):
+        raise ProblemLoadError(
+            f"problem from {where}: driver_entry {driver_entry!r} needs a name and a driver"
+        )
     if not names:
         raise ProblemLoadError(f"problem from {where} has no objectives")
     if len(set(names)) != len(names):
