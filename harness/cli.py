@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a registered problem name, or a folder holding problem.py "
         "(default: from --config, or the campaign stored in --db)",
     )
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help="N,M,...: one campaign per task of a problem that takes a task number "
+        "(humaneval --tasks 0,12 runs humaneval:0 and humaneval:12 in turn)",
+    )
     _campaign_flags(p)
     p.set_defaults(handler=cmd_run)
 
@@ -362,6 +368,26 @@ def _find_campaign(store: Any, name: str | None, *, required: bool) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.tasks is not None:
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        if not args.problem or ":" in args.problem or not tasks:
+            raise UserError("--tasks needs a problem name (humaneval) and task numbers: 0,12")
+        if args.name is not None:
+            raise UserError("--tasks names each campaign after its task; leave out --name")
+        # Every task exists before any runs; each campaign is named after its task.
+        names = {task: load_problem(f"{args.problem}:{task}").name for task in tasks}
+        for task in tasks:
+            spec = f"{args.problem}:{task}"
+            status = _run_one(
+                argparse.Namespace(**{**vars(args), "problem": spec, "name": names[task]})
+            )
+            if status:
+                return status
+        return 0
+    return _run_one(args)
+
+
+def _run_one(args: argparse.Namespace) -> int:
     from harness.campaign import run_campaign
 
     config, problem, store, stored = _effective_config(args)

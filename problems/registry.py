@@ -27,20 +27,24 @@ def available() -> dict[str, str]:
 
 
 def load(spec: str) -> Problem:
-    """A problem by registered name, or from a folder (or its problem.py) on disk."""
+    """A problem by registered name (`name:argument` passes the argument to its factory, as in
+    `humaneval:12`), or from a folder (or its problem.py) on disk."""
     path = Path(spec)
     if path.exists() or "/" in spec or spec.startswith("."):
         return _load_folder(path)
-    found = [ep for ep in entry_points(group=GROUP) if ep.name == spec]
+    name, _, argument = spec.partition(":")
+    found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
     if not found:
         known = ", ".join(sorted(available())) or "none"
         raise ProblemLoadError(
-            f"unknown problem {spec!r} (installed: {known}); or give a folder holding problem.py"
+            f"unknown problem {name!r} (installed: {known}); or give a folder holding problem.py"
         )
     try:
         factory = found[0].load()
     except Exception as exc:  # a broken third-party package must not crash the CLI
-        raise ProblemLoadError(f"problem {spec!r} failed to load: {_one_line(exc)}") from None
+        raise ProblemLoadError(f"problem {name!r} failed to load: {_one_line(exc)}") from None
+    if ":" in spec:
+        return _validated(_call_factory(factory, spec, argument), spec)
     return _validated(_call_factory(factory, spec), spec)
 
 
@@ -66,11 +70,22 @@ def _load_folder(path: Path) -> Problem:
     raise ProblemLoadError(f"{file} defines neither `problem` (a Problem) nor `make_problem()`")
 
 
-def _call_factory(factory: object, where: str) -> Problem:
+def _call_factory(factory: object, where: str, *argument: str) -> Problem:
+    if argument and (isinstance(factory, Problem) or not callable(factory)):
+        raise ProblemLoadError(f"problem {where!r}: this problem takes no argument after ':'")
     try:
-        problem = factory() if callable(factory) and not isinstance(factory, Problem) else factory
-    except Exception as exc:
+        if callable(factory) and not isinstance(factory, Problem):
+            problem = factory(*argument)
+        else:
+            problem = factory
+    except TypeError as exc:
+        if argument and "positional argument" in str(exc):
+            raise ProblemLoadError(
+                f"problem {where!r}: this problem takes no argument after ':'"
+            ) from None
         raise ProblemLoadError(f"problem factory in {where} failed: {_one_line(exc)}") from None
+    except Exception as exc:
+        raise ProblemLoadError(f"problem {where!r}: {_one_line(exc)}") from None
     if not isinstance(problem, Problem):
         raise ProblemLoadError(f"{where} gave a {type(problem).__name__}, not a Problem")
     return problem
