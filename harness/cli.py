@@ -65,22 +65,89 @@ def build_parser() -> argparse.ArgumentParser:
     _campaign_flags(p)
     p.set_defaults(handler=cmd_run)
 
-    p = commands.add_parser("train", help="fine-tune a model on a database's groups (offline)")
-    p.add_argument("--db", required=True, help="database file or URL")
+    p = commands.add_parser(
+        "train",
+        help="fine-tune a model on a database's groups (--db), "
+        "or by RL on an answer problem (--problem maze)",
+    )
+    p.add_argument("--db", default=None, help="database file or URL of the campaign to learn from")
+    p.add_argument(
+        "--problem",
+        default=None,
+        help="an answer problem (maze): VPO reinforcement learning on generated instances, "
+        "evaluated by best@k and pass@k on held-out ones",
+    )
     p.add_argument("--out", required=True, help="folder for the trained model")
     p.add_argument("--name", default=None, help="campaign name (default: the only one)")
-    p.add_argument("--model", default=None, help="base model (default: the campaign's)")
+    p.add_argument("--model", default=None, help="base model (default: the campaign's, or smollm2)")
     p.add_argument(
         "--advantage", default="vpo", help="vpo (default), grpo, multi_rlvr, max_at_k or gdpo"
     )
-    p.add_argument("--steps", type=_positive_int, default=None, help="steps (default: one pass)")
-    p.add_argument("--groups-per-step", dest="groups_per_step", type=_positive_int, default=8)
+    p.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=None,
+        help="steps (default: one pass over the groups; 20 with --problem)",
+    )
+    p.add_argument("--groups-per-step", dest="groups_per_step", type=_positive_int, default=None)
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter, then merge it")
     p.add_argument("--lora-rank", dest="lora_rank", type=_positive_int, default=16)
     p.add_argument("--lr", dest="learning_rate", type=float, default=None)
     p.add_argument("--kl-beta", dest="kl_beta", type=float, default=1e-3)
-    p.add_argument("--micro-batch", dest="micro_batch", type=_positive_int, default=8)
+    p.add_argument(
+        "--micro-batch",
+        dest="micro_batch",
+        type=_positive_int,
+        default=None,
+        help="rollouts per forward/backward (default 8; 2 with --problem, whose prompts are long)",
+    )
     p.add_argument("--seed", type=int, default=0)
+    rl = p.add_argument_group("with --problem (answer problems)")
+    rl.add_argument(
+        "--group-size",
+        dest="group_size",
+        type=_positive_int,
+        default=8,
+        help="completions per prompt (default 8)",
+    )
+    rl.add_argument(
+        "--candidates", type=_positive_int, default=3, help="answers per completion, m (default 3)"
+    )
+    rl.add_argument("--max-tokens", dest="max_tokens", type=_positive_int, default=512)
+    rl.add_argument(
+        "--temperature",
+        type=_positive_float,
+        default=1.0,
+        help="sampling temperature while training (default 1.0)",
+    )
+    rl.add_argument(
+        "--eval-prompts",
+        dest="eval_prompts",
+        type=_positive_int,
+        default=20,
+        help="held-out instances evaluated (default 20; the paper used 100)",
+    )
+    rl.add_argument(
+        "--eval-generations",
+        dest="eval_generations",
+        type=_positive_int,
+        default=10,
+        help="completions per held-out prompt (default 10)",
+    )
+    rl.add_argument(
+        "--eval-every",
+        dest="eval_every",
+        type=_positive_int,
+        default=None,
+        help="also evaluate every N steps (default: before and after only)",
+    )
+    rl.add_argument(
+        "--train-size",
+        dest="train_size",
+        type=_positive_int,
+        default=1000,
+        help="training instances cycled through (default 1000)",
+    )
     p.set_defaults(handler=cmd_train)
 
     p = commands.add_parser("status", help="what a campaign's database holds")
@@ -161,6 +228,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
 
 
+def program_problem(spec: str) -> Problem:
+    """A problem whose candidates are programs; an answer problem is a one-line error."""
+    problem = load_problem(spec)
+    if not isinstance(problem, Problem):
+        raise UserError(
+            f"{problem.name} is an answer problem (its answers are not programs to evolve): "
+            f"train on it with `vpo train --problem {spec} --out DIR`"
+        )
+    return problem
+
+
 def cmd_problems(args: argparse.Namespace) -> int:
     problems = [load_problem(name) for name in sorted(available())]
     if args.json:
@@ -170,12 +248,13 @@ def cmd_problems(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title="problems")
-    for column in ("problem", "objective", "direction", "best known", "source"):
+    for column in ("problem", "kind", "objective", "direction", "best known", "source"):
         table.add_column(column)
     for problem in problems:
         for i, objective in enumerate(problem.objectives):
             table.add_row(
                 problem.name if i == 0 else "",
+                problem.kind if i == 0 else "",
                 objective.name,
                 objective.direction,
                 f"{objective.best_known:.10g}",
@@ -189,7 +268,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from harness.evaluate import evaluate
     from harness.sandbox import Sandbox
 
-    problem = load_problem(args.problem)
+    problem = program_problem(args.problem)
     code = read_program(args.file)
     workers = args.workers or min(len(problem.calls()), os.cpu_count() or 1)
     with Sandbox(workers=workers) as sandbox:
@@ -339,7 +418,7 @@ def _effective_config(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raise UserError(
             "which problem? give PROBLEM, a --config with `problem`, or a --db holding a campaign"
         )
-    problem = load_problem(problem_spec)
+    problem = program_problem(problem_spec)
     if store is None:
         db = str(Path("runs") / f"{problem.name}.db")
         store = Store.open(db)
@@ -390,6 +469,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run_one(args: argparse.Namespace) -> int:
     from harness.campaign import run_campaign
 
+    if args.problem:  # before any database is opened or created
+        program_problem(args.problem)
+
     config, problem, store, stored = _effective_config(args)
     name = config.name or problem.name
     print(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")
@@ -412,9 +494,16 @@ def cmd_train(args: argparse.Namespace) -> int:
         )
     if args.learning_rate is not None and not args.learning_rate > 0:
         raise UserError(f"--lr must be > 0, not {args.learning_rate}")
+    if (args.db is None) == (args.problem is None):
+        raise UserError(
+            "give either --db (learn from a campaign's groups) or --problem (RL on an answer "
+            "problem such as maze)"
+        )
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not an empty folder")
+    if args.problem is not None:
+        return _train_answers(args, out)
     store = Store.open(args.db, create=False)
     campaign = _find_campaign(store, args.name, required=True)
     stored = campaign.config
@@ -423,12 +512,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         model=args.model or stored.get("model", "smollm2"),
         advantage=args.advantage,
         steps=args.steps,
-        groups_per_step=args.groups_per_step,
+        groups_per_step=args.groups_per_step or 8,
         learning_rate=args.learning_rate or (1e-5 if args.lora else 1e-6),
         lora=args.lora,
         lora_rank=args.lora_rank,
         kl_beta=args.kl_beta,
-        micro_batch=args.micro_batch,
+        micro_batch=args.micro_batch or 8,
         temperature=max(float(stored.get("temperature", 1.0)), 1e-3),
         seed=args.seed,
     )
@@ -445,6 +534,49 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if speaks:
         print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
+    return 0
+
+
+def _train_answers(args: argparse.Namespace, out: Path) -> int:
+    from harness.answers import AnswerSettings, train_answers
+    from problems.api import AnswerProblem
+
+    problem = load_problem(args.problem)
+    if not isinstance(problem, AnswerProblem):
+        raise UserError(
+            f"{problem.name} is a program problem: run a campaign on it (vpo run {args.problem}) "
+            "and train on its database (vpo train --db ...)"
+        )
+    if args.name is not None:
+        raise UserError("--name picks a campaign of --db; it does not go with --problem")
+    settings = AnswerSettings(
+        out=out,
+        model=args.model or "smollm2",
+        advantage=args.advantage,
+        steps=args.steps if args.steps is not None else 20,
+        prompts_per_step=args.groups_per_step or 4,
+        group_size=args.group_size,
+        candidates=args.candidates,
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        eval_prompts=args.eval_prompts,
+        eval_generations=args.eval_generations,
+        eval_every=args.eval_every or 0,
+        train_size=args.train_size,
+        learning_rate=args.learning_rate or (1e-5 if args.lora else 1e-6),
+        lora=args.lora,
+        lora_rank=args.lora_rank,
+        kl_beta=args.kl_beta,
+        micro_batch=args.micro_batch or 2,
+        seed=args.seed,
+    )
+    print(
+        f"training {settings.model} on {problem.name} by RL: {settings.steps} steps of "
+        f"{settings.prompts_per_step} prompts x {settings.group_size} completions, "
+        f"m = {settings.candidates}"
+    )
+    train_answers(problem, settings, say=lambda line: print(line, flush=True))
+    print(f"model and report (vpo-train.json) written to {out}")
     return 0
 
 
@@ -749,11 +881,12 @@ def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> No
     console.print(line, markup=False, highlight=False)
 
 
-def _problem_json(problem: Problem) -> dict[str, Any]:
+def _problem_json(problem: Any) -> dict[str, Any]:
     return {
         "name": problem.name,
-        "entry": problem.entry,
-        "time_limit": problem.time_limit,
+        "kind": problem.kind,
+        "entry": getattr(problem, "entry", None),
+        "time_limit": getattr(problem, "time_limit", None),
         "objectives": [
             {
                 "name": o.name,
@@ -775,6 +908,16 @@ def _port(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
     if not 0 < value < 65536:
         raise argparse.ArgumentTypeError(f"port {value} is not between 1 and 65535")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
 
 

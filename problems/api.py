@@ -106,6 +106,7 @@ class Problem(ABC):
     a driven heuristic, `driver` and `driver_entry`.
     """
 
+    kind = "program"
     name: str
     description: str
     seed_program: str
@@ -174,3 +175,78 @@ def combine(
     if reasons:
         reason = reasons[0] if len(reasons) == 1 else f"{reasons[0]} (and {len(reasons) - 1} more)"
     return Evaluation(status, scores, raw, reason, seconds, dict(artifacts or {}))
+
+
+class AnswerProblem(ABC):
+    """A problem whose answer is text the model writes, not a program (the maze).
+
+    There is no evolution: instances are generated (`instance(split, index)`, the same on every
+    machine), the model reads `prompt(instance, m)` and writes m answers inside numbered
+    `<{answer_tag}_i>` tags, and `score_answer` turns one answer into raw objective values in
+    [0, 1]. `vpo train --problem NAME` runs VPO reinforcement learning on such a problem. The
+    objectives' `best_known` is 1: every component is already a fraction.
+    """
+
+    kind = "answer"
+    name: str
+    description: str
+    objectives: tuple[Objective, ...]
+    answer_tag: str
+
+    @abstractmethod
+    def instance(self, split: str, index: int) -> Any:
+        """Instance `index` of the "train" or "test" split."""
+
+    @abstractmethod
+    def prompt(self, instance: Any, candidates: int) -> str:
+        """What the model reads, asking for `candidates` answers."""
+
+    @abstractmethod
+    def score_answer(self, instance: Any, body: str) -> Mapping[str, float]:
+        """Raw values (each in [0, 1]) of one answer's text; raise Infeasible to reject it."""
+
+    def answer_key(self, body: str) -> Any:
+        """What makes two answers the same answer (duplicates score once)."""
+        return body.strip()
+
+    def score_completion(
+        self, instance: Any, text: str, candidates: int
+    ) -> tuple[list[dict[str, float] | None], list[str | None]]:
+        """Each of the m answers of one completion: its values, or None with the reason when it
+        is missing, a repeat of an earlier one, or rejected (a rejected answer scores zero and
+        still counts; a missing or repeated one is left out of the set)."""
+        names = [o.name for o in self.objectives]
+        bodies = answer_blocks(text, self.answer_tag, candidates)
+        values: list[dict[str, float] | None] = []
+        reasons: list[str | None] = []
+        seen: set[Any] = set()
+        for index, body in enumerate(bodies, start=1):
+            if body is None:
+                values.append(None)
+                reasons.append(f"no <{self.answer_tag}_{index}> block")
+                continue
+            try:
+                key = self.answer_key(body)
+                if key in seen:
+                    values.append(None)
+                    reasons.append(f"{self.answer_tag} {index} repeats an earlier one")
+                    continue
+                seen.add(key)
+                raw = self.score_answer(instance, body)
+                values.append({n: min(1.0, max(0.0, float(raw[n]))) for n in names})
+                reasons.append(None)
+            except Infeasible as error:
+                values.append(dict.fromkeys(names, 0.0))
+                reasons.append(str(error))
+        return values, reasons
+
+
+def answer_blocks(text: str, tag: str, candidates: int) -> list[str | None]:
+    """The body of the first `<tag_i>...</tag_i>` for i = 1..candidates; None where absent."""
+    import re
+
+    found: list[str | None] = []
+    for index in range(1, candidates + 1):
+        match = re.search(rf"<{tag}_{index}>(.*?)</{tag}_{index}>", text, re.DOTALL)
+        found.append(match.group(1) if match else None)
+    return found

@@ -12,7 +12,9 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
-from problems.api import Problem
+from problems.api import AnswerProblem, Problem
+
+AnyProblem = Problem | AnswerProblem
 
 GROUP = "vpo.problems"
 
@@ -26,7 +28,7 @@ def available() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
-def load(spec: str) -> Problem:
+def load(spec: str) -> AnyProblem:
     """A problem by registered name (`name:argument` passes the argument to its factory, as in
     `humaneval:12`), or from a folder (or its problem.py) on disk."""
     path = Path(spec)
@@ -48,7 +50,7 @@ def load(spec: str) -> Problem:
     return _validated(_call_factory(factory, spec), spec)
 
 
-def _load_folder(path: Path) -> Problem:
+def _load_folder(path: Path) -> AnyProblem:
     file = path / "problem.py" if path.is_dir() else path
     if not file.is_file():
         raise ProblemLoadError(f"{path} is not a problem folder: it has no problem.py")
@@ -63,18 +65,18 @@ def _load_folder(path: Path) -> Problem:
     except Exception as exc:
         del sys.modules[module_name]
         raise ProblemLoadError(f"could not load {file}: {_one_line(exc)}") from None
-    if isinstance(getattr(module, "problem", None), Problem):
+    if isinstance(getattr(module, "problem", None), Problem | AnswerProblem):
         return _validated(module.problem, str(file))
     if callable(getattr(module, "make_problem", None)):
         return _validated(_call_factory(module.make_problem, str(file)), str(file))
     raise ProblemLoadError(f"{file} defines neither `problem` (a Problem) nor `make_problem()`")
 
 
-def _call_factory(factory: object, where: str, *argument: str) -> Problem:
-    if argument and (isinstance(factory, Problem) or not callable(factory)):
+def _call_factory(factory: object, where: str, *argument: str) -> AnyProblem:
+    if argument and (isinstance(factory, Problem | AnswerProblem) or not callable(factory)):
         raise ProblemLoadError(f"problem {where!r}: this problem takes no argument after ':'")
     try:
-        if callable(factory) and not isinstance(factory, Problem):
+        if callable(factory) and not isinstance(factory, Problem | AnswerProblem):
             problem = factory(*argument)
         else:
             problem = factory
@@ -85,15 +87,26 @@ def _call_factory(factory: object, where: str, *argument: str) -> Problem:
             ) from None
         raise ProblemLoadError(f"problem factory in {where} failed: {_one_line(exc)}") from None
     except Exception as exc:
-        raise ProblemLoadError(f"problem {where!r}: {_one_line(exc)}") from None
-    if not isinstance(problem, Problem):
+        if argument:  # the factory refused its argument (`humaneval:999`): say which
+            raise ProblemLoadError(f"problem {where!r}: {_one_line(exc)}") from None
+        raise ProblemLoadError(f"problem factory in {where} failed: {_one_line(exc)}") from None
+    if not isinstance(problem, Problem | AnswerProblem):
         raise ProblemLoadError(f"{where} gave a {type(problem).__name__}, not a Problem")
     return problem
 
 
-def _validated(problem: Problem, where: str) -> Problem:
+def _validated(problem: AnyProblem, where: str) -> AnyProblem:
     """Catch a malformed problem definition at load time, not halfway through a campaign."""
     names = [o.name for o in getattr(problem, "objectives", ())]
+    if isinstance(problem, AnswerProblem):
+        for attribute in ("name", "description", "answer_tag"):
+            if not isinstance(getattr(problem, attribute, None), str):
+                raise ProblemLoadError(f"problem from {where}: `{attribute}` must be a string")
+        if not problem.answer_tag.isidentifier():
+            raise ProblemLoadError(f"problem from {where}: answer_tag must be a name")
+        if not names or len(set(names)) != len(names):
+            raise ProblemLoadError(f"problem from {where} needs distinct objective names")
+        return problem
     for attribute in ("name", "description", "seed_program", "entry"):
         if not isinstance(getattr(problem, attribute, None), str):
             raise ProblemLoadError(f"problem from {where}: `{attribute}` must be a string")

@@ -125,3 +125,31 @@ def test_broken_folder_problems_give_one_line(tmp_path: Path, body: str, words: 
 def test_folder_without_problem_py(tmp_path: Path) -> None:
     with pytest.raises(ProblemLoadError, match="no problem.py"):
         load(str(tmp_path))
+
+
+SUITE = (
+    "circle_packing",
+    "autocorrelation",
+    "heilbronn",
+    "min_distance_ratio",
+    "cap_set",
+    "bin_packing",
+    "humaneval",
+    "maze",
+)
+
+
+def test_the_suite_is_installed_and_every_seed_evaluates_ok() -> None:
+    from harness.evaluate import evaluate
+    from harness.sandbox import Sandbox
+    from problems.api import AnswerProblem
+
+    assert set(SUITE) <= set(available())
+    with Sandbox(workers=2) as sandbox:
+        for name in available():
+            problem = load(name)
+            if isinstance(problem, AnswerProblem):
+                continue  # no program to run: the maze is scored in tests/test_maze.py
+            evaluation = evaluate(problem, problem.seed_program, sandbox)
+            assert evaluation.status == "ok", f"{name}: {evaluation.reason}"
+            assert all(0.0 <= v <= 1.0 for v in evaluation.scores.values())

@@ -1,0 +1,284 @@
+"""Reinforcement learning on an answer problem (the maze): the VPO paper's own setting.
+
+No database and no evolution: each step samples `prompts_per_step` training instances, draws
+`group_size` completions of each from the current policy, scores the m answers of every
+completion into an (m, d) matrix, and takes one VPO step on those groups. Before training,
+every `eval_every` steps and at the end, the policy is evaluated on held-out instances the way
+the paper reports it: a pool of `eval_generations` x m candidates per prompt, sampled at
+temperature 0.7, best@k of the mean of the vector and pass@k (every component 1), with the
+diversity of the pool (mean pairwise L1 distance between candidate vectors).
+
+best@k and pass@k are exact expectations over the k-subsets of each prompt's pool (the paper
+averages a random permutation's running maximum; the expectation is the same number without
+the sampling noise), then averaged over prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UserError
+from harness.llm.base import Completion, Sampling
+from problems.api import AnswerProblem
+
+KS = (1, 3, 5, 10, 30)
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    out: Path
+    model: str = "smollm2"
+    advantage: str = "vpo"
+    steps: int = 20
+    prompts_per_step: int = 4
+    group_size: int = 8
+    candidates: int = 3  # m answers per completion
+    max_tokens: int = 512
+    temperature: float = 1.0  # training samples
+    eval_temperature: float = 0.7  # the paper's evaluation temperature
+    eval_prompts: int = 20  # held-out instances (the paper: 100)
+    eval_generations: int = 10  # completions per held-out prompt (the paper: 10 x m = 30)
+    eval_every: int = 0  # 0: before and after training only
+    train_size: int = 1000  # training instances cycled through (the paper: 1000)
+    learning_rate: float = 1e-6
+    lora: bool = False
+    lora_rank: int = 16
+    kl_beta: float = 1e-3
+    micro_batch: int = 2  # maze prompts are ~700 tokens: 8 rows of them need ~20 GB on a CPU
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One completion's answers: an (m, d) matrix and which rows exist."""
+
+    scores: np.ndarray
+    mask: np.ndarray
+    reasons: list[str | None]
+
+
+def score(problem: AnswerProblem, instance: Any, text: str, candidates: int) -> Scored:
+    names = [o.name for o in problem.objectives]
+    values, reasons = problem.score_completion(instance, text, candidates)
+    scores = np.zeros((candidates, len(names)))
+    mask = np.zeros(candidates, dtype=bool)
+    for row, value in enumerate(values):
+        if value is not None:
+            scores[row] = [value[name] for name in names]
+            mask[row] = True
+    return Scored(scores, mask, reasons)
+
+
+def best_at_k(values: Sequence[float], k: int) -> float:
+    """E[max of k values drawn without replacement from `values`]."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be between 1 and {n}, got {k}")
+    total = math.comb(n, k)
+    # The i-th smallest (1-based) is the maximum of comb(i - 1, k - 1) of the subsets.
+    return sum(v * math.comb(i - 1, k - 1) for i, v in enumerate(ordered, start=1)) / total
+
+
+def pass_at_k(n: int, correct: int, k: int) -> float:
+    """The unbiased pass@k estimator (Chen et al., arXiv 2107.03374): 1 - C(n-c, k) / C(n, k)."""
+    if not 1 <= k <= n or not 0 <= correct <= n:
+        raise ValueError(f"need 1 <= k <= n and 0 <= correct <= n, got n={n} c={correct} k={k}")
+    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
+
+
+def pool_diversity(vectors: np.ndarray) -> float:
+    """Mean pairwise L1 distance between the rows of `vectors`; 0 with fewer than two."""
+    if len(vectors) < 2:
+        return 0.0
+    distances = np.abs(vectors[:, None, :] - vectors[None, :, :]).sum(-1)
+    n = len(vectors)
+    return float(distances.sum() / (n * (n - 1)))
+
+
+def evaluate_policy(
+    problem: AnswerProblem, generator: Any, settings: AnswerSettings, seed: int
+) -> dict[str, Any]:
+    """best@k, pass@k and pool diversity on the first `eval_prompts` test instances."""
+    instances = [problem.instance("test", i) for i in range(settings.eval_prompts)]
+    m = settings.candidates
+    completions = generator.generate(
+        [_messages(problem, x, m) for x in instances],
+        settings.eval_generations,
+        Sampling(
+            temperature=settings.eval_temperature,
+            top_p=1.0,
+            max_tokens=settings.max_tokens,
+            seed=seed,
+        ),
+    )
+    pool = settings.eval_generations * m
+    ks = [k for k in KS if k <= pool]
+    best = {k: [] for k in ks}
+    passed = {k: [] for k in ks}
+    diversity, answered, completed = [], 0, 0
+    for instance, samples in zip(instances, completions, strict=True):
+        rows = [score(problem, instance, c.text, m) for c in samples]
+        # The paper's padding: a missing or repeated answer is a zero vector in the pool.
+        vectors = np.concatenate([r.scores for r in rows])
+        present = np.concatenate([r.mask for r in rows])
+        answered += int(present.sum())
+        completed += int((vectors[:, 0] > 0).sum())
+        scalar = vectors.mean(axis=1)
+        perfect = int(np.all(vectors >= 1.0, axis=1).sum())
+        for k in ks:
+            best[k].append(best_at_k(scalar.tolist(), k))
+            passed[k].append(pass_at_k(pool, perfect, k))
+        diversity.append(pool_diversity(vectors[present]))
+    total = pool * len(instances)
+    return {
+        "prompts": len(instances),
+        "pool": pool,
+        "best_at_k": {str(k): float(np.mean(v)) for k, v in best.items()},
+        "pass_at_k": {str(k): float(np.mean(v)) for k, v in passed.items()},
+        "diversity": float(np.mean(diversity)),
+        "answered": answered / total,  # answers present and not repeated
+        "reach_exit": completed / total,
+    }
+
+
+def eval_line(label: str, report: dict[str, Any]) -> str:
+    best = " ".join(f"best@{k} {v:.3f}" for k, v in report["best_at_k"].items())
+    passed = " ".join(f"pass@{k} {v:.3f}" for k, v in report["pass_at_k"].items())
+    return (
+        f"eval {label}: {best} | {passed} | diversity {report['diversity']:.3f} | "
+        f"answered {report['answered']:.0%} | reach exit {report['reach_exit']:.0%}"
+    )
+
+
+def train_answers(
+    problem: AnswerProblem,
+    settings: AnswerSettings,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train `settings.model` with RL on `problem`; write the model and a report to `out`."""
+    import torch
+
+    from harness.llm.transformers_backend import TransformersGenerator
+    from harness.training import fresh_policy
+    from trainer.loss import LossConfig
+    from trainer.models import ModelError
+    from trainer.train import Group, Rollout, TrainConfig, train_step
+
+    try:
+        policy = fresh_policy(
+            settings.model,
+            settings.learning_rate,
+            settings.lora,
+            settings.lora_rank,
+            settings.kl_beta,
+        )
+    except ModelError as error:
+        raise UserError(str(error)) from None
+    # The generator samples from the very model being trained: each step is seen at once.
+    generator = TransformersGenerator(
+        settings.model, hf_model=policy.model, tokenizer=policy.tokenizer
+    )
+    config = TrainConfig(
+        advantage=settings.advantage,
+        loss=LossConfig(beta=settings.kl_beta),
+        micro_batch=settings.micro_batch,
+        temperature=settings.temperature,
+        max_tokens=settings.max_tokens + 2048,
+    )
+    order = np.random.default_rng(settings.seed).permutation(settings.train_size)
+    m = settings.candidates
+    evals: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+
+    def run_eval(step: int) -> None:
+        report = evaluate_policy(problem, generator, settings, seed=settings.seed + 7919 * step)
+        report["step"] = step
+        evals.append(report)
+        say(eval_line(f"after step {step}" if step else "before training", report))
+
+    run_eval(0)
+    for step in range(1, settings.steps + 1):
+        started = time.perf_counter()
+        picks = [
+            int(order[((step - 1) * settings.prompts_per_step + j) % settings.train_size])
+            for j in range(settings.prompts_per_step)
+        ]
+        instances = [problem.instance("train", i) for i in picks]
+        samples = generator.generate(
+            [_messages(problem, x, m) for x in instances],
+            settings.group_size,
+            Sampling(
+                temperature=settings.temperature,
+                top_p=1.0,
+                max_tokens=settings.max_tokens,
+                seed=settings.seed * 1_000_003 + step,
+            ),
+        )
+        generated = time.perf_counter() - started
+        groups = [
+            _group(problem, instance, completions, m, Group, Rollout)
+            for instance, completions in zip(instances, samples, strict=True)
+        ]
+        try:
+            metrics = train_step(
+                policy,
+                groups,
+                config,
+                generator=torch.Generator().manual_seed(settings.seed * 7_919 + step),
+            )
+        except ValueError as error:
+            raise UserError(f"training step {step}: {error}") from None
+        record = metrics.as_dict() | {
+            "generation_seconds": generated,
+            "mean_reward": float(
+                np.mean([g.scores[g.mask].mean() if g.mask.any() else 0.0 for g in groups])
+            ),
+            "answered": float(np.mean([g.mask.mean() for g in groups])),
+        }
+        steps.append(record)
+        say(f"{metrics.line()} | answered {record['answered']:.0%} | generation {generated:.0f} s")
+        if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
+            run_eval(step)
+    if settings.steps:
+        run_eval(settings.steps)
+    out = policy.save_merged(settings.out)
+    report = {
+        "problem": problem.name,
+        "base_model": settings.model,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "steps": steps,
+        "evals": evals,
+    }
+    (out / "vpo-train.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _messages(problem: AnswerProblem, instance: Any, m: int) -> list[dict[str, str]]:
+    return [{"role": "user", "content": problem.prompt(instance, m)}]
+
+
+def _group(
+    problem: AnswerProblem,
+    instance: Any,
+    completions: Sequence[Completion],
+    m: int,
+    group_type: Any,
+    rollout_type: Any,
+) -> Any:
+    scored = [score(problem, instance, c.text, m) for c in completions]
+    return group_type(
+        rollouts=[
+            rollout_type(c.prompt_token_ids or (), c.token_ids, c.logprobs) for c in completions
+        ],
+        scores=np.stack([s.scores for s in scored]),
+        mask=np.stack([s.mask for s in scored]),
+    )
