@@ -11,8 +11,7 @@ fraction, lava avoidance), all zero unless the route reaches the exit within the
 
 From the paper (Bahlous-Boldi et al., arXiv 2605.22817) and its authors' release as summarised
 in the project's reference notes: the 9 x 9 Prim maze with 18 to 28 extra cycles, the corner
-layout,
-the zone sizes and radius, the 3 to 5 lava tiles, the budget rule and the filter, the four
+layout, the zone sizes and radius, the 3 to 5 lava tiles, the budget rule and the filter, the four
 components and the gate on completion, `<route_i>` tags holding only UP/DOWN/LEFT/RIGHT, the
 deduplication by identical move list, and the seeds 42 (training) and 4242 (test). Our own
 choices where the notes are silent: cells with walls between them (not wall tiles); a radius
