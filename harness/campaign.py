@@ -459,3 +459,154 @@ def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
         "tokens": summary.tokens,
         "best": summary.best,
     }
+
+
+# Workers: several processes, on any machines, taking iterations of one campaign -------------
+
+
+def run_worker(
+    config: CampaignConfig,
+    store: Store,
+    problem: Problem,
+    worker: str,
+    *,
+    lease_seconds: float = 900.0,
+    poll_seconds: float = 2.0,
+    generator: Generator | None = None,
+    on_progress: Callable[[int, Progress], None] | None = None,
+) -> int:
+    """Take iterations of the campaign until its budget is recorded; return how many this
+    worker recorded.
+
+    Each iteration is claimed in the database first (`Store.claim_iteration`), so workers never
+    run the same one, and one whose worker died is taken over once its claim is older than
+    `lease_seconds`. The random stream of iteration k still depends only on (seed, k). Before
+    each iteration the worker loads the newest policy version a `vpo train --follow` process
+    recorded; it never trains itself.
+    """
+    campaign_id = open_campaign_shared(store, config, problem)
+    owns_generator = generator is None
+    done = 0
+    loaded: int | None = None
+    with Sandbox(workers=config.sandbox_workers) as sandbox:
+        campaign = prepare(config, store, problem, campaign_id, sandbox)
+        selection_config = SelectionConfig(
+            islands=config.islands,
+            migration_interval=config.migration_interval,
+            drafts=min(config.drafts, 4),
+        )
+        sampling = Sampling(
+            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+        )
+        try:
+            while True:
+                iteration = store.claim_iteration(
+                    campaign_id, worker, budget=config.iterations, lease_seconds=lease_seconds
+                )
+                if iteration is None:
+                    if store.open_claims(campaign_id) == 0:
+                        break  # every iteration is recorded
+                    time.sleep(poll_seconds)  # others are still working; one may die
+                    continue
+                try:
+                    latest = store.latest_policy(campaign_id)
+                    if generator is None or (latest is not None and latest.id != loaded):
+                        generator = _worker_generator(config, latest, generator)
+                        loaded = None if latest is None else latest.id
+                    rng = np.random.default_rng([config.seed, iteration])
+                    refresh_population(campaign)
+                    selection = choose(campaign, iteration, rng, selection_config)
+                    parent, *drafts = store.programs_by_ids(
+                        [selection.parent_id, *selection.draft_ids]
+                    )
+                    prompt = build_prompt(problem, parent, drafts, config.candidates)
+                    completions = generate(campaign, generator, prompt, sampling, iteration)
+                    moving = []
+                    if config.strategy == "evolve" and should_migrate(
+                        iteration, selection_config.migration_interval
+                    ):
+                        moving = migrants(
+                            campaign.population,
+                            selection_config.islands,
+                            selection_config.migrants_per_island,
+                            rng,
+                        )
+                    evaluate_and_store(
+                        campaign,
+                        iteration,
+                        selection,
+                        parent,
+                        prompt,
+                        completions,
+                        moving,
+                        loaded,
+                    )
+                except UserError as error:
+                    if "already recorded" not in str(error):
+                        store.release_claim(campaign_id, iteration, worker)
+                        raise
+                    # Our lease ran out and another worker recorded this iteration first.
+                    store.record_event(
+                        campaign_id, "iteration_lost", {"iteration": iteration, "worker": worker}
+                    )
+                    continue
+                except BaseException:
+                    store.release_claim(campaign_id, iteration, worker)
+                    raise
+                done += 1
+                if on_progress:
+                    on_progress(iteration + 1, campaign.progress)
+        finally:
+            if owns_generator and generator is not None:
+                generator.close()
+    if store.iterations_done(campaign_id) >= config.iterations:
+        store.set_campaign_status(campaign_id, "finished")
+    return done
+
+
+def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem) -> int:
+    """The campaign by name, created by whichever worker comes first."""
+    name = config.name or problem.name
+    for _ in range(3):
+        existing = store.get_campaign(name)
+        if existing is not None:
+            if existing.problem != problem.name:
+                raise UserError(
+                    f"campaign {name!r} in {store.where} runs problem {existing.problem!r}, "
+                    f"not {problem.name!r}"
+                )
+            return existing.id
+        try:
+            return store.create_campaign(name, problem.name, config.to_dict(), config.seed)
+        except UserError:
+            continue  # another worker created it a moment ago
+    raise UserError(f"could not create or find campaign {name!r} in {store.where}")
+
+
+def _worker_generator(config: CampaignConfig, latest: Any, current: Generator | None) -> Generator:
+    """A generator sampling from the newest policy version (the base model before any)."""
+    from pathlib import Path
+
+    if latest is None:
+        if current is not None:
+            return current
+        options: dict[str, Any] = {}
+        if config.backend == "openai":
+            options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
+        return make_generator(config.backend, config.model, **options)
+    folder = Path(latest.path)
+    merged = folder.with_name(folder.name + "-merged")
+    if not (folder / "config.json").exists() and merged.exists():
+        folder = merged  # a LoRA version: the trainer also wrote it merged for the workers
+    reload = getattr(current, "reload_weights", None)
+    if reload is not None:
+        reload(str(folder))
+        return current  # type: ignore[return-value]
+    if config.backend != "transformers":
+        raise UserError(
+            f"the {config.backend} backend cannot load policy versions; "
+            "use the transformers or vllm backend for workers that follow a trainer"
+        )
+    if current is not None:
+        current.close()
+    return make_generator("transformers", str(folder))

@@ -66,6 +66,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_run)
 
     p = commands.add_parser(
+        "worker",
+        help="take iterations of a campaign beside other workers (PostgreSQL, any machines)",
+    )
+    p.add_argument(
+        "problem",
+        nargs="?",
+        default=None,
+        help="the problem (default: the campaign's, from --db)",
+    )
+    p.add_argument(
+        "--id",
+        dest="worker_id",
+        default=None,
+        help="this worker's name in the claims (default: host:pid)",
+    )
+    p.add_argument(
+        "--lease",
+        type=_positive_float,
+        default=900.0,
+        help="seconds after which another worker takes over an iteration this one has not "
+        "recorded (default 900: longer than one iteration takes)",
+    )
+    _campaign_flags(p)
+    p.set_defaults(handler=cmd_worker)
+
+    p = commands.add_parser(
         "train",
         help="fine-tune a model on a database's groups (--db), "
         "or by RL on an answer problem (--problem maze)",
@@ -77,7 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="an answer problem (maze): VPO reinforcement learning on generated instances, "
         "evaluated by best@k and pass@k on held-out ones",
     )
-    p.add_argument("--out", required=True, help="folder for the trained model")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="folder for the trained model (with --follow: for the policy versions; default "
+        "the campaign's policy folder)",
+    )
     p.add_argument("--name", default=None, help="campaign name (default: the only one)")
     p.add_argument("--model", default=None, help="base model (default: the campaign's, or smollm2)")
     p.add_argument(
@@ -102,6 +133,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollouts per forward/backward (default 8; 2 with --problem, whose prompts are long)",
     )
     p.add_argument("--seed", type=int, default=0)
+    follow = p.add_argument_group("with --db --follow (beside `vpo worker` processes)")
+    follow.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep training on new groups as workers record them, publishing policy versions, "
+        "until the campaign's budget is recorded and used",
+    )
+    follow.add_argument(
+        "--train-every",
+        dest="train_every",
+        type=_positive_int,
+        default=None,
+        help="groups per step with --follow (default: the campaign's train_every, else 4)",
+    )
+    follow.add_argument(
+        "--poll", type=_positive_float, default=2.0, help="seconds between looks (default 2)"
+    )
     rl = p.add_argument_group("with --problem (answer problems)")
     rl.add_argument(
         "--group-size",
@@ -499,13 +547,26 @@ def cmd_train(args: argparse.Namespace) -> int:
             "give either --db (learn from a campaign's groups) or --problem (RL on an answer "
             "problem such as maze)"
         )
-    out = Path(args.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if args.out is None and not args.follow:
+        raise UserError("--out is required: the folder the trained model is written to")
+    out = Path(args.out or ".")
+    if (
+        args.out is not None
+        and not args.follow
+        and out.exists()
+        and (not out.is_dir() or any(out.iterdir()))
+    ):
         raise UserError(f"--out {out} exists and is not an empty folder")
     if args.problem is not None:
+        if args.follow:
+            raise UserError(
+                "--follow trains beside workers on a campaign: give --db, not --problem"
+            )
         return _train_answers(args, out)
     store = Store.open(args.db, create=False)
     campaign = _find_campaign(store, args.name, required=True)
+    if args.follow:
+        return _train_follow(args, store, campaign)
     stored = campaign.config
     settings = OfflineSettings(
         out=out,
@@ -534,6 +595,84 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if speaks:
         print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import socket
+
+    from harness.campaign import run_worker
+
+    if args.db is None:
+        raise UserError("a worker joins a campaign in a database: give --db (postgresql://...)")
+    if args.problem:
+        program_problem(args.problem)
+    config, problem, store, stored = _effective_config(args)
+    if config.train_every:
+        raise UserError(
+            "workers do not train: leave out --train-every and run one "
+            "`vpo train --db ... --follow` beside them"
+        )
+    worker = args.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+    print(f"worker {worker} on campaign {config.name or problem.name} of {store.where}")
+    done = run_worker(
+        config,
+        store,
+        problem,
+        worker,
+        lease_seconds=args.lease,
+        on_progress=lambda iteration, progress: print(
+            f"[{worker}] iteration {iteration}/{config.iterations} done", flush=True
+        ),
+    )
+    print(f"worker {worker}: {done} iterations recorded")
+    return 0
+
+
+def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
+    import time
+
+    from harness.config import build
+    from harness.training import maybe_train, start_trainer
+
+    stored = dict(campaign.config)
+    every = args.train_every or int(stored.get("train_every") or 0) or 4
+    overrides: dict[str, Any] = {"train_every": every, "advantage": args.advantage}
+    if args.model:
+        overrides["model"] = args.model
+    if args.learning_rate:
+        overrides["learning_rate"] = args.learning_rate
+    if args.lora:
+        overrides |= {"lora": True, "lora_rank": args.lora_rank}
+    overrides["kl_beta"] = args.kl_beta
+    if args.out is not None:
+        overrides["policy_dir"] = str(Path(args.out).resolve())
+    config = build(stored, overrides, where="the campaign's settings")
+    trainer = start_trainer(
+        config, store, campaign.id, campaign.name, store.objectives(campaign.id)
+    )
+    assert trainer is not None
+    # Workers elsewhere read the recorded paths: make them absolute.
+    trainer.folder = trainer.folder.resolve()
+    print(
+        f"following campaign {campaign.name!r} of {store.where}: a step every {every} new "
+        f"groups, versions in {trainer.folder}",
+        flush=True,
+    )
+    steps = 0
+    while True:
+        metrics = maybe_train(trainer, None)
+        if metrics is not None:
+            steps += 1
+            print(metrics.line(), flush=True)
+            if args.steps is not None and steps >= args.steps:
+                break
+            continue
+        done = store.iterations_done(campaign.id) >= config.iterations
+        if done and store.open_claims(campaign.id) == 0:
+            break  # every group is in; fewer than `every` are left unused
+        time.sleep(args.poll)
+    print(f"{steps} steps; the last policy version is step {trainer.policy.step}")
     return 0
 
 

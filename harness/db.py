@@ -289,6 +289,30 @@ class PolicyVersion(Base):
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
+class IterationClaim(Base):
+    """An iteration a worker took (`vpo worker`): others skip it while the claim is fresh.
+
+    A worker that dies leaves its claim to go stale after the lease; another worker then takes
+    the iteration again. The group's unique (campaign, iteration) key keeps a late finisher
+    from recording it twice. Added after schema version 1 shipped: opening an older database
+    for writing creates the table.
+    """
+
+    __tablename__ = "iteration_claim"
+
+    campaign_id: Mapped[int] = mapped_column(
+        ForeignKey("campaign.id", ondelete="CASCADE"), primary_key=True
+    )
+    iteration: Mapped[int] = mapped_column(primary_key=True)
+    worker: Mapped[str] = mapped_column(String(200))
+    claimed_at: Mapped[datetime] = mapped_column(default=utc_now)
+
+
+# Tables added within a schema version: a database without them is not damaged, it predates
+# them; a writable open creates them.
+ADDED_TABLES = ("iteration_claim",)
+
+
 class Event(Base):
     """Append-only log; nothing updates or deletes an event."""
 

@@ -16,7 +16,7 @@ import os
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,6 +28,7 @@ from sqlalchemy import (
     bindparam,
     case,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -43,6 +44,7 @@ from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
 from harness.db import (
+    ADDED_TABLES,
     CAMPAIGN_STATUSES,
     PROGRAM_ORIGINS,
     PROGRAM_STATUSES,
@@ -51,6 +53,7 @@ from harness.db import (
     Campaign,
     Event,
     GroupDraft,
+    IterationClaim,
     Meta,
     PolicyVersion,
     Program,
@@ -226,6 +229,20 @@ class Store:
             # Error text is for people (often a stderr tail); keep a visible marker instead.
             error = error.replace("\x00", "\\x00")
         with self._writing() as session:
+            if origin == "seed":
+                # One seed per campaign, however many workers start at once: the campaign row
+                # lock orders them, and the later ones get the first one's seed.
+                session.execute(
+                    select(Campaign.id).where(Campaign.id == campaign_id).with_for_update()
+                )
+                existing = session.scalar(
+                    select(Program.id)
+                    .where(Program.campaign_id == campaign_id, Program.origin == "seed")
+                    .order_by(Program.id)
+                    .limit(1)
+                )
+                if existing is not None:
+                    return existing
             program = _insert_program(
                 session,
                 campaign_id,
@@ -300,6 +317,93 @@ class Store:
                     "is another process running this campaign?"
                 ) from None
             raise
+
+    # Workers: several processes taking iterations of one campaign
+
+    def claim_iteration(
+        self, campaign_id: int, worker: str, *, budget: int, lease_seconds: float
+    ) -> int | None:
+        """The next iteration `worker` should run, claimed for it; None when every iteration
+        below `budget` is recorded or claimed by a worker within its lease.
+
+        Claimers are serialised by a lock on the campaign row (PostgreSQL `FOR UPDATE`; SQLite
+        write transactions are exclusive). A claim older than the lease whose iteration has no
+        group is taken over first: its worker died or hung.
+        """
+        now = utc_now()
+        stale = now - timedelta(seconds=lease_seconds)
+        campaign = Campaign.__table__
+        recorded = (
+            select(_GROUP.c.id)
+            .where(_GROUP.c.campaign_id == campaign_id, _GROUP.c.iteration == _CLAIM.c.iteration)
+            .exists()
+        )
+        with self._write_engine.begin() as connection:
+            locked = connection.execute(
+                select(campaign.c.id).where(campaign.c.id == campaign_id).with_for_update()
+            ).scalar()
+            if locked is None:
+                raise UserError(f"no campaign {campaign_id} in {self.where}")
+            orphan = connection.execute(
+                select(_CLAIM.c.iteration)
+                .where(
+                    _CLAIM.c.campaign_id == campaign_id,
+                    _CLAIM.c.claimed_at < stale,
+                    _CLAIM.c.iteration < budget,
+                    ~recorded,
+                )
+                .order_by(_CLAIM.c.iteration)
+                .limit(1)
+            ).scalar()
+            if orphan is not None:
+                connection.execute(
+                    update(_CLAIM)
+                    .where(_CLAIM.c.campaign_id == campaign_id, _CLAIM.c.iteration == orphan)
+                    .values(worker=worker, claimed_at=now)
+                )
+                return int(orphan)
+            highest = [
+                connection.execute(
+                    select(func.max(table.c.iteration)).where(table.c.campaign_id == campaign_id)
+                ).scalar()
+                for table in (_CLAIM, _GROUP)
+            ]
+            top = max((value for value in highest if value is not None), default=-1)
+            if top + 1 >= budget:
+                return None
+            connection.execute(
+                insert(_CLAIM),
+                {
+                    "campaign_id": campaign_id,
+                    "iteration": top + 1,
+                    "worker": worker,
+                    "claimed_at": now,
+                },
+            )
+            return top + 1
+
+    def release_claim(self, campaign_id: int, iteration: int, worker: str) -> None:
+        """Give an iteration back at once (the worker failed cleanly), if it still holds it."""
+        with self._write_engine.begin() as connection:
+            connection.execute(
+                delete(_CLAIM).where(
+                    _CLAIM.c.campaign_id == campaign_id,
+                    _CLAIM.c.iteration == iteration,
+                    _CLAIM.c.worker == worker,
+                )
+            )
+
+    def open_claims(self, campaign_id: int) -> int:
+        """Claims whose iteration has no group yet (in flight, or left by a dead worker)."""
+        recorded = (
+            select(_GROUP.c.id)
+            .where(_GROUP.c.campaign_id == campaign_id, _GROUP.c.iteration == _CLAIM.c.iteration)
+            .exists()
+        )
+        with self._engine.connect() as connection:
+            return connection.execute(
+                select(func.count()).where(_CLAIM.c.campaign_id == campaign_id, ~recorded)
+            ).scalar_one()
 
     # Training: the groups a step used, and the policy versions it produced
 
@@ -1202,6 +1306,7 @@ _DRAFT = GroupDraft.__table__
 _TRAJECTORY = Trajectory.__table__
 _EVENT = Event.__table__
 _POLICY = PolicyVersion.__table__
+_CLAIM = IterationClaim.__table__
 
 
 def _write_iteration(
@@ -1687,7 +1792,15 @@ def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = Fals
 
 
 def _add_missing_indexes(engine: Engine) -> None:
-    """Indexes a database written by an earlier release of this schema version lacks."""
+    """Tables and indexes a database written by an earlier release of this schema version
+    lacks."""
+    with engine.connect() as connection:
+        tables = set(inspect(connection).get_table_names())
+    absent = [Base.metadata.tables[name] for name in ADDED_TABLES if name not in tables]
+    if absent:
+        with engine.execution_options(vpo_write=True).begin() as connection:
+            for table in absent:
+                table.create(connection, checkfirst=True)
     with engine.connect() as connection:
         have = {
             index["name"]
@@ -1733,7 +1846,7 @@ def _check_schema(connection: Connection, where: str) -> bool:
             f"{where} was written by schema version {version}; this vpo-evolve reads version "
             f"{SCHEMA_VERSION} and cannot migrate it; use the vpo-evolve release that wrote it"
         )
-    missing = set(Base.metadata.tables) - tables
+    missing = set(Base.metadata.tables) - tables - set(ADDED_TABLES)
     if missing:
         raise SchemaError(f"{where} lacks tables {', '.join(sorted(missing))}; it is damaged")
     return False

@@ -142,7 +142,7 @@ def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
     return generator
 
 
-def maybe_train(trainer: Trainer, generator: Generator) -> StepMetrics | None:
+def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | None:
     """One step when `every` unused groups are waiting; None otherwise."""
     import torch
 
@@ -278,8 +278,14 @@ def train_offline(
     return history
 
 
-def publish(policy: Policy, generator: Generator, folder: Path) -> None:
-    """Make `generator` sample from `policy`'s current weights, saved in `folder`."""
+def publish(policy: Policy, generator: Generator | None, folder: Path) -> None:
+    """Make `generator` sample from `policy`'s current weights, saved in `folder`; with no
+    generator (`vpo train --follow`), workers load the folder themselves, so a LoRA version is
+    also written merged beside it."""
+    if generator is None:
+        if policy.config.lora:
+            policy.save_merged(folder.with_name(folder.name + "-merged"))
+        return
     hf_model = getattr(generator, "hf_model", None)
     if hf_model is policy.model:
         return  # in-process transformers: the weights are shared
