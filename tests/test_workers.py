@@ -1,0 +1,194 @@
+"""Several `vpo worker` processes and one `vpo train --follow` on one campaign, as a user runs
+them: real subprocesses on a real database (PostgreSQL started by the test setup, and SQLite),
+then the invariants that concurrency must not break."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from harness.store import Store
+
+GROUP_SIZE = 2
+
+
+def vpo(*args: str, **options) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **options,
+    )
+
+
+def worker(url: str, model: str, budget: int, name: str, *extra: str) -> subprocess.Popen[str]:
+    return vpo(
+        "worker", "circle_packing", "--db", url, "--name", "w", "--model", model,
+        "--iterations", str(budget), "--group-size", str(GROUP_SIZE), "--max-tokens", "24",
+        "--id", name, *extra,
+    )  # fmt: skip
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-2000:]
+    return out
+
+
+def check_invariants(url: str, budget: int, every: int | None) -> dict[str, int]:
+    """What must hold after any number of workers, trainers and kills."""
+    with Store.open(url, create=False) as store:
+        campaign = store.get_campaign("w")
+        assert campaign is not None
+        with store.engine.connect() as connection:
+
+            def rows(sql: str) -> list:
+                return list(connection.execute(text(sql), {"c": campaign.id}))
+
+            iterations = [r[0] for r in rows(
+                "SELECT iteration FROM rollout_group WHERE campaign_id = :c ORDER BY iteration"
+            )]  # fmt: skip
+            assert iterations == list(range(budget))  # each once: none lost, none twice
+            sizes = rows(
+                "SELECT g.id, COUNT(t.id) FROM rollout_group g LEFT JOIN trajectory t "
+                "ON t.group_id = g.id WHERE g.campaign_id = :c GROUP BY g.id"
+            )
+            assert all(n == GROUP_SIZE for _, n in sizes)  # every trajectory in its group
+            assert (
+                rows("SELECT COUNT(*) FROM program WHERE campaign_id = :c AND origin = 'seed'")[0][
+                    0
+                ]
+                == 1
+            )
+            assert not rows(
+                "SELECT trajectory_id, candidate_index FROM program WHERE campaign_id = :c "
+                "AND origin = 'llm' GROUP BY trajectory_id, candidate_index HAVING COUNT(*) > 1"
+            )
+            used = rows(
+                "SELECT train_step, COUNT(*) FROM rollout_group WHERE campaign_id = :c "
+                "AND train_step IS NOT NULL GROUP BY train_step ORDER BY train_step"
+            )
+            steps = [p.step for p in store.policies(campaign.id)]
+            assert steps == list(range(1, len(steps) + 1))  # contiguous versions
+            assert [s for s, _ in used] == steps  # each version trained on its own groups
+            if every is not None:
+                assert all(n == every for _, n in used)
+                assert len(steps) == budget // every
+            return {"steps": len(steps), "latest": steps[-1] if steps else 0}
+
+
+@pytest.mark.postgres
+def test_three_workers_and_a_follower_on_postgresql(
+    postgres_url: str, tiny_model: str, tmp_path: Path
+) -> None:
+    _workers_and_follower(postgres_url, tiny_model, tmp_path)
+
+
+def _workers_and_follower(url: str, model: str, tmp_path: Path) -> None:
+    budget, every = 12, 2
+    workers = [worker(url, model, budget, f"w{i}") for i in range(3)]
+    # The trainer needs the campaign the first worker creates.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with Store.open(url, create=False) as store:
+                if store.get_campaign("w") is not None:
+                    break
+        except Exception:
+            pass
+        time.sleep(0.5)
+    trainer = vpo(
+        "train", "--db", url, "--name", "w", "--follow", "--train-every", str(every),
+        "--out", str(tmp_path / "policies"), "--model", model, "--lr", "1e-3", "--poll", "0.5",
+    )  # fmt: skip
+    done = [finish(w) for w in workers]
+    trained = finish(trainer)
+    assert sum(int(out.rsplit(":", 1)[1].split()[0]) for out in done) == budget
+    assert f"{budget // every} steps" in trained
+    state = check_invariants(url, budget, every)
+
+    # A worker that starts later samples from the newest version the trainer recorded.
+    finish(worker(url, model, budget + 2, "late"))
+    with Store.open(url, create=False) as store:
+        campaign = store.get_campaign("w")
+        latest = store.latest_policy(campaign.id)
+        assert latest is not None and latest.step == state["latest"]
+        with store.engine.connect() as connection:
+            versions = connection.execute(
+                text(
+                    "SELECT DISTINCT policy_version_id FROM rollout_group "
+                    "WHERE campaign_id = :c AND iteration >= :b"
+                ),
+                {"c": campaign.id, "b": budget},
+            ).scalars()
+            assert set(versions) == {latest.id}
+
+
+def test_a_killed_workers_iteration_is_taken_over(tiny_model: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    budget = 6
+    first = worker(url, tiny_model, budget, "doomed", "--lease", "2")
+    # Kill it once it holds a claim it has not recorded.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with Store.open(url, create=False) as store:
+                campaign = store.get_campaign("w")
+                if campaign and store.open_claims(campaign.id):
+                    break
+        except Exception:
+            pass
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGKILL)
+    first.communicate()
+    with Store.open(url, create=False) as store:
+        assert store.open_claims(store.get_campaign("w").id) >= 1  # left behind
+    finish(worker(url, tiny_model, budget, "heir", "--lease", "2"))
+    check_invariants(url, budget, None)
+
+
+def test_claims_are_handed_out_once_and_taken_over_when_stale(db_url: str) -> None:
+    with Store.open(db_url) as store:
+        campaign = store.create_campaign("w", "circle_packing", {}, 0)
+        taken = [store.claim_iteration(campaign, f"w{i}", budget=3, lease_seconds=60)
+                 for i in range(4)]  # fmt: skip
+        assert taken == [0, 1, 2, None]
+        assert store.open_claims(campaign) == 3
+        store.release_claim(campaign, 1, "someone else")  # not theirs: nothing happens
+        store.release_claim(campaign, 1, "w1")
+        assert store.claim_iteration(campaign, "w9", budget=3, lease_seconds=60) is None
+        assert store.open_claims(campaign) == 2
+        # Stale claims (a lease of 0 s) are taken over, lowest iteration first.
+        assert store.claim_iteration(campaign, "w9", budget=3, lease_seconds=0) == 0
+        with pytest.raises(Exception, match="no campaign"):
+            store.claim_iteration(campaign + 99, "w", budget=3, lease_seconds=1)
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (("worker", "circle_packing"), "give --db"),
+        (("worker", "maze", "--db", "x.db"), "answer problem"),
+        (("worker", "circle_packing", "--db", "{db}", "--train-every", "2"), "workers do not"),
+        (("train", "--problem", "maze", "--follow"), "--follow trains beside workers"),
+        (("train", "--db", "x.db"), "--out is required"),
+        (("worker", "circle_packing", "--db", "{db}", "--lease", "0"), "positive number"),
+    ],
+)
+def test_worker_and_follow_errors_are_one_line(
+    args: tuple[str, ...], words: str, tmp_path: Path
+) -> None:
+    db = str(tmp_path / "w.db")
+    process = vpo(*(a.replace("{db}", db) for a in args), cwd=tmp_path)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert words in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
