@@ -125,6 +125,7 @@ def ensure_seed(
         origin="seed",
         eval_seconds=evaluation.seconds,
         metrics={"artifacts": dict(evaluation.artifacts)},
+        the_seed=True,
     )
     record = store.program(program_id)
     assert record is not None
@@ -276,15 +277,16 @@ def _store_and_report(
 
 
 def train(campaign: Campaign, generator: Generator) -> bool:
-    """A training step when enough new groups wait (the generator is idle meanwhile: it may
-    share the weights being trained); True when one ran."""
+    """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
+    share the weights being trained): one in the steady state, more when a resumed run finds
+    the groups a killed one recorded but did not train on; True when any ran."""
     if campaign.trainer is None:
         return False
-    metrics = maybe_train(campaign.trainer, generator)
-    if metrics is None:
-        return False
-    campaign.progress.train = metrics.line()
-    return True
+    ran = False
+    while (metrics := maybe_train(campaign.trainer, generator)) is not None:
+        campaign.progress.train = metrics.line()
+        ran = True
+    return ran
 
 
 def choose(

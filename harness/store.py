@@ -43,6 +43,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, Operationa
 from sqlalchemy.orm import Session, selectinload
 from sqlalchemy.pool import StaticPool
 
+from harness import faults
 from harness.db import (
     ADDED_TABLES,
     CAMPAIGN_STATUSES,
@@ -217,8 +218,12 @@ class Store:
         metrics: dict[str, Any] | None = None,
         trajectory_id: int | None = None,
         candidate_index: int | None = None,
+        the_seed: bool = False,
     ) -> int:
-        """Store a program, its scores and a `program_added` event in one transaction."""
+        """Store a program, its scores and a `program_added` event in one transaction.
+
+        `the_seed`: this is the campaign's one seed; if another process stored it first, its
+        id is returned and nothing is written."""
         _check_choice("program status", status, PROGRAM_STATUSES)
         _check_choice("program origin", origin, PROGRAM_ORIGINS)
         _check_scores(scores, raw)
@@ -229,7 +234,7 @@ class Store:
             # Error text is for people (often a stderr tail); keep a visible marker instead.
             error = error.replace("\x00", "\\x00")
         with self._writing() as session:
-            if origin == "seed":
+            if the_seed:
                 # One seed per campaign, however many workers start at once: the campaign row
                 # lock orders them, and the later ones get the first one's seed.
                 session.execute(
@@ -290,7 +295,7 @@ class Store:
                     _check_new_program(candidate.program)
         try:
             with self._write_engine.begin() as connection:
-                return _write_iteration(
+                group_id = _write_iteration(
                     connection,
                     campaign_id,
                     iteration,
@@ -303,6 +308,8 @@ class Store:
                     policy_version_id,
                     migrations,
                 )
+                faults.point("iteration_commit")  # written, not yet committed
+                return group_id
         except IntegrityError:
             with self._reading() as session:
                 taken = session.scalar(
@@ -566,6 +573,7 @@ class Store:
                         "created_at": now,
                     },
                 )
+                faults.point("train_commit")  # written, not yet committed
                 return policy_id
         except IntegrityError:
             raise UserError(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness import faults
 from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.records import TrainingGroup
@@ -166,7 +167,9 @@ def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | 
         )
     except ValueError as error:
         raise UserError(f"training step {step}: {error}") from None
+    faults.point("train_step")  # the weights moved in memory, nothing saved
     folder = trainer.policy.save(trainer.folder / _step_name(metrics.step))
+    faults.point("train_saved")  # saved, not recorded
     trainer.version_id = store.record_train_step(
         trainer.campaign_id,
         step=metrics.step,

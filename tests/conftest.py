@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.engine import URL
 
 from harness.records import CandidateRecord, NewProgram, RolloutRecord
@@ -258,3 +259,47 @@ def sqlite_database(tmp_path: Path) -> str:
 def hostile_code() -> str:
     """The code of program 4 in `database`."""
     return HOSTILE
+
+
+def check_invariants(
+    url: str, budget: int, every: int | None, group_size: int = 2
+) -> dict[str, int]:
+    """What must hold for campaign "w" after any number of workers, trainers and kills."""
+    with Store.open(url, create=False) as store:
+        campaign = store.get_campaign("w")
+        assert campaign is not None
+        with store.engine.connect() as connection:
+
+            def rows(sql: str) -> list:
+                return list(connection.execute(text(sql), {"c": campaign.id}))
+
+            iterations = [r[0] for r in rows(
+                "SELECT iteration FROM rollout_group WHERE campaign_id = :c ORDER BY iteration"
+            )]  # fmt: skip
+            assert iterations == list(range(budget))  # each once: none lost, none twice
+            sizes = rows(
+                "SELECT g.id, COUNT(t.id) FROM rollout_group g LEFT JOIN trajectory t "
+                "ON t.group_id = g.id WHERE g.campaign_id = :c GROUP BY g.id"
+            )
+            assert all(n == group_size for _, n in sizes)  # every trajectory in its group
+            assert (
+                rows("SELECT COUNT(*) FROM program WHERE campaign_id = :c AND origin = 'seed'")[0][
+                    0
+                ]
+                == 1
+            )
+            assert not rows(
+                "SELECT trajectory_id, candidate_index FROM program WHERE campaign_id = :c "
+                "AND origin = 'llm' GROUP BY trajectory_id, candidate_index HAVING COUNT(*) > 1"
+            )
+            used = rows(
+                "SELECT train_step, COUNT(*) FROM rollout_group WHERE campaign_id = :c "
+                "AND train_step IS NOT NULL GROUP BY train_step ORDER BY train_step"
+            )
+            steps = [p.step for p in store.policies(campaign.id)]
+            assert steps == list(range(1, len(steps) + 1))  # contiguous versions
+            assert [s for s, _ in used] == steps  # each version trained on its own groups
+            if every is not None:
+                assert all(n == every for _, n in used)
+                assert len(steps) == budget // every
+            return {"steps": len(steps), "latest": steps[-1] if steps else 0}
