@@ -25,6 +25,7 @@ from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.evaluate import evaluate, evaluate_many
 from harness.llm import Completion, GenerationError, Generator, Sampling, make_generator
+from harness.llm.base import storable
 from harness.parsing import parse_completion
 from harness.prompts import build_prompt
 from harness.records import CandidateRecord, NewProgram, ProgramRecord, RolloutRecord, code_hash
@@ -319,6 +320,7 @@ def generate(
                 raise UserError(f"generation failed {attempt} times; last: {exc}") from None
             time.sleep(2**attempt)
             continue
+        completions = [storable(c) for c in completions]
         campaign.progress.generate_seconds += time.perf_counter() - started
         campaign.progress.tokens += sum(len(c.token_ids) for c in completions)
         return completions

@@ -1478,9 +1478,7 @@ def _write_rollouts(
                 select(_PROGRAM.c.code_hash, func.min(_PROGRAM.c.id))
                 .where(_PROGRAM.c.campaign_id == campaign_id, _PROGRAM.c.code_hash.in_(wanted))
                 .group_by(_PROGRAM.c.code_hash)
-            )
-            .tuples()
-            .all()
+            ).all()
         )
     connection.execute(
         update(_TRAJECTORY)

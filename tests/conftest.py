@@ -21,9 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 from sqlalchemy.engine import URL
+from sqlalchemy.orm import Session
 
+from harness.db import Program, RolloutGroup, Trajectory
 from harness.records import CandidateRecord, NewProgram, RolloutRecord
 from harness.store import Store
 
@@ -262,44 +264,75 @@ def hostile_code() -> str:
 
 
 def check_invariants(
-    url: str, budget: int, every: int | None, group_size: int = 2
+    url: str, budget: int, every: int | None, group_size: int = 2, *, unique_code: bool = True
 ) -> dict[str, int]:
-    """What must hold for campaign "w" after any number of workers, trainers and kills."""
+    """What must hold for campaign "w" after any number of workers, trainers and kills: the
+    campaign's rows (`campaign_invariants`), and training that used each group at most once
+    and recorded contiguous versions, each on its own `every` groups."""
     with Store.open(url, create=False) as store:
         campaign = store.get_campaign("w")
         assert campaign is not None
+        candidates = int(campaign.config.get("candidates", 3))
+        campaign_invariants(
+            store, campaign.id, budget, group_size, candidates, unique_code=unique_code
+        )
         with store.engine.connect() as connection:
+            used = list(
+                connection.execute(
+                    text(
+                        "SELECT train_step, COUNT(*) FROM rollout_group WHERE campaign_id = :c "
+                        "AND train_step IS NOT NULL GROUP BY train_step ORDER BY train_step"
+                    ),
+                    {"c": campaign.id},
+                )
+            )
+        steps = [p.step for p in store.policies(campaign.id)]
+        assert steps == list(range(1, len(steps) + 1))  # contiguous versions
+        assert [s for s, _ in used] == steps  # each version trained on its own groups
+        if every is not None:
+            assert all(n == every for _, n in used)
+            assert len(steps) == budget // every
+        return {"steps": len(steps), "latest": steps[-1] if steps else 0}
 
-            def rows(sql: str) -> list:
-                return list(connection.execute(text(sql), {"c": campaign.id}))
 
-            iterations = [r[0] for r in rows(
-                "SELECT iteration FROM rollout_group WHERE campaign_id = :c ORDER BY iteration"
-            )]  # fmt: skip
-            assert iterations == list(range(budget))  # each once: none lost, none twice
-            sizes = rows(
-                "SELECT g.id, COUNT(t.id) FROM rollout_group g LEFT JOIN trajectory t "
-                "ON t.group_id = g.id WHERE g.campaign_id = :c GROUP BY g.id"
+def campaign_invariants(
+    store: Store, campaign_id: int, iterations: int, g: int, m: int, *, unique_code: bool = True
+) -> None:
+    """What must hold after any run, killed or not: each iteration once, nothing orphaned."""
+    with Session(store.engine) as session:
+        groups = session.scalars(
+            select(RolloutGroup).where(RolloutGroup.campaign_id == campaign_id)
+        ).all()
+        assert sorted(group.iteration for group in groups) == list(range(iterations))
+        for group in groups:
+            trajectories = session.scalars(
+                select(Trajectory).where(Trajectory.group_id == group.id)
+            ).all()
+            assert sorted(t.position for t in trajectories) == list(range(g))
+            for trajectory in trajectories:
+                assert [c["index"] for c in trajectory.candidates] == list(range(1, m + 1))
+                assert trajectory.num_tokens == len(trajectory.token_ids)
+                for entry in trajectory.candidates:
+                    assert (entry["program_id"] is None) == (entry["outcome"] == "unparsed")
+        seeds = session.scalar(
+            select(func.count()).where(Program.campaign_id == campaign_id, Program.origin == "seed")
+        )
+        assert seeds == 1
+        # every LLM program belongs to a trajectory slot, and no slot holds two programs
+        slots = session.execute(
+            select(Program.trajectory_id, Program.candidate_index).where(
+                Program.campaign_id == campaign_id, Program.origin == "llm"
             )
-            assert all(n == group_size for _, n in sizes)  # every trajectory in its group
-            assert (
-                rows("SELECT COUNT(*) FROM program WHERE campaign_id = :c AND origin = 'seed'")[0][
-                    0
-                ]
-                == 1
-            )
-            assert not rows(
-                "SELECT trajectory_id, candidate_index FROM program WHERE campaign_id = :c "
-                "AND origin = 'llm' GROUP BY trajectory_id, candidate_index HAVING COUNT(*) > 1"
-            )
-            used = rows(
-                "SELECT train_step, COUNT(*) FROM rollout_group WHERE campaign_id = :c "
-                "AND train_step IS NOT NULL GROUP BY train_step ORDER BY train_step"
-            )
-            steps = [p.step for p in store.policies(campaign.id)]
-            assert steps == list(range(1, len(steps) + 1))  # contiguous versions
-            assert [s for s, _ in used] == steps  # each version trained on its own groups
-            if every is not None:
-                assert all(n == every for _, n in used)
-                assert len(steps) == budget // every
-            return {"steps": len(steps), "latest": steps[-1] if steps else 0}
+        ).all()
+        assert all(t is not None for t, _ in slots)
+        assert len(slots) == len(set(slots))
+        # normalised-code duplicates are never evaluated twice (by one process: concurrent
+        # workers may each meet the same new code before seeing the other's)
+        if not unique_code:
+            return
+        hashes = session.execute(
+            select(Program.code_hash, func.count())
+            .where(Program.campaign_id == campaign_id, Program.origin != "migration")
+            .group_by(Program.code_hash)
+        ).all()
+        assert all(count == 1 for _, count in hashes)

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from conftest import campaign_invariants
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from harness.campaign import evaluate_and_store, prepare, run_campaign, summary_json
 from harness.config import build
-from harness.db import GroupDraft, Program, RolloutGroup, Trajectory
+from harness.db import GroupDraft, RolloutGroup, Trajectory
 from harness.llm import Completion
 from harness.sandbox import Sandbox
 from harness.selection import Selection
@@ -39,44 +34,6 @@ def fast_settings(model: str, **extra: object) -> dict[str, object]:
     return settings
 
 
-def check_invariants(store: Store, campaign_id: int, iterations: int, g: int, m: int) -> None:
-    """What must hold after any run, killed or not: each iteration once, nothing orphaned."""
-    with Session(store.engine) as session:
-        groups = session.scalars(
-            select(RolloutGroup).where(RolloutGroup.campaign_id == campaign_id)
-        ).all()
-        assert sorted(group.iteration for group in groups) == list(range(iterations))
-        for group in groups:
-            trajectories = session.scalars(
-                select(Trajectory).where(Trajectory.group_id == group.id)
-            ).all()
-            assert sorted(t.position for t in trajectories) == list(range(g))
-            for trajectory in trajectories:
-                assert [c["index"] for c in trajectory.candidates] == list(range(1, m + 1))
-                assert trajectory.num_tokens == len(trajectory.token_ids)
-                for entry in trajectory.candidates:
-                    assert (entry["program_id"] is None) == (entry["outcome"] == "unparsed")
-        seeds = session.scalar(
-            select(func.count()).where(Program.campaign_id == campaign_id, Program.origin == "seed")
-        )
-        assert seeds == 1
-        # every LLM program belongs to a trajectory slot, and no slot holds two programs
-        slots = session.execute(
-            select(Program.trajectory_id, Program.candidate_index).where(
-                Program.campaign_id == campaign_id, Program.origin == "llm"
-            )
-        ).all()
-        assert all(t is not None for t, _ in slots)
-        assert len(slots) == len(set(slots))
-        # normalised-code duplicates are never evaluated twice
-        hashes = session.execute(
-            select(Program.code_hash, func.count())
-            .where(Program.campaign_id == campaign_id, Program.origin != "migration")
-            .group_by(Program.code_hash)
-        ).all()
-        assert all(count == 1 for _, count in hashes)
-
-
 def test_a_short_campaign_records_every_iteration(tiny_model: str, tmp_path: Path) -> None:
     config = build(fast_settings(tiny_model, iterations=4))
     store = Store.open(tmp_path / "campaign.db")
@@ -84,7 +41,7 @@ def test_a_short_campaign_records_every_iteration(tiny_model: str, tmp_path: Pat
     campaign_id = run_campaign(
         config, store, CirclePacking(), on_progress=lambda i, progress: seen.append(i)
     )
-    check_invariants(store, campaign_id, 4, 2, 2)
+    campaign_invariants(store, campaign_id, 4, 2, 2)
     assert seen[-1] == 4
     report = summary_json(store, campaign_id)
     assert report["groups"] == 4 and report["trajectories"] == 8
@@ -93,7 +50,7 @@ def test_a_short_campaign_records_every_iteration(tiny_model: str, tmp_path: Pat
     assert store.get_campaign("circle_packing").status == "finished"
     # resuming a finished campaign with a larger budget continues where it stopped
     run_campaign(build(fast_settings(tiny_model, iterations=6)), store, CirclePacking())
-    check_invariants(store, campaign_id, 6, 2, 2)
+    campaign_invariants(store, campaign_id, 6, 2, 2)
 
 
 def test_best_of_n_always_prompts_with_the_seed(tiny_model: str, tmp_path: Path) -> None:
@@ -163,49 +120,6 @@ def test_candidates_are_evaluated_once_and_failures_recorded(tmp_path: Path) -> 
     assert good.parent_id == seed.id and good.generation == 1
 
 
-@pytest.mark.slow
-def test_sigkill_at_random_moments_then_resume(tiny_model: str, tmp_path: Path) -> None:
-    db = tmp_path / "killed.db"
-    args = [
-        sys.executable,
-        "-m",
-        "harness.cli",
-        "run",
-        "circle_packing",
-        "--db",
-        str(db),
-        "--model",
-        tiny_model,
-        "--iterations",
-        "16",
-        "-G",
-        "2",
-        "-m",
-        "2",
-        "--max-tokens",
-        "24",
-        "--workers",
-        "2",
-        "--islands",
-        "2",
-        "--migration-interval",
-        "3",
-    ]
-    rng = random.Random(7)
-    for _ in range(4):
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(3.0, 8.0))
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-    finished = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    assert finished.returncode == 0, finished.stderr
-    store = Store.open(db)
-    campaign = store.get_campaign("circle_packing")
-    check_invariants(store, campaign.id, 16, 2, 2)
-    assert campaign.status == "finished"
-    assert len(store.events(campaign.id, "resumed")) >= 1
-
-
 def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_path: Path) -> None:
     import torch
 
@@ -216,7 +130,7 @@ def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_
     )
     store = Store.open(tmp_path / "campaign.db")
     campaign_id = run_campaign(build(settings), store, CirclePacking())
-    check_invariants(store, campaign_id, 5, 2, 2)
+    campaign_invariants(store, campaign_id, 5, 2, 2)
     policies = store.policies(campaign_id)
     assert [p.step for p in policies] == [1, 2]
     with Session(store.engine) as session:

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import check_invariants
 
@@ -24,6 +25,7 @@ from trainer.policy import Policy
 BUDGET, EVERY = 24, 2
 
 
+@pytest.mark.timeout(900)
 def test_a_training_campaign_survives_twenty_kills(tiny_model: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
     command = [

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -39,6 +40,17 @@ class Completion:
     logprobs: tuple[float, ...] | None
     finish_reason: str  # "stop" or "length"
     prompt_token_ids: tuple[int, ...] | None
+
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def storable(completion: Completion) -> Completion:
+    """The completion with lone UTF-16 surrogates (which an endpoint's JSON can carry, and
+    neither UTF-8 nor a database can hold) replaced by U+FFFD."""
+    if not _SURROGATES.search(completion.text):
+        return completion
+    return replace(completion, text=_SURROGATES.sub("\ufffd", completion.text))
 
 
 class Generator(Protocol):
