@@ -57,9 +57,6 @@ def harvested(db: Path, tokenizer_folder: str) -> None:
 def train(launcher: list[str], db: Path, model: str, out: Path) -> dict:
     command = [
         *launcher,
-        "-m",
-        "harness.cli",
-        "train",
         "--db",
         str(db),
         "--out",
@@ -90,8 +87,9 @@ def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path
     db = tmp_path / "harvest.db"
     harvested(db, tiny_model)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    one = train([sys.executable], db, tiny_model, tmp_path / "one")
-    two = train(torchrun, db, tiny_model, tmp_path / "two")
+    one = train([sys.executable, "-m", "harness.cli", "train"], db, tiny_model, tmp_path / "one")
+    # `-m trainer` is `vpo train`, the form `accelerate launch -m trainer` uses.
+    two = train([*torchrun, "-m", "trainer"], db, tiny_model, tmp_path / "two")
     assert one["processes"] == 1 and two["processes"] == 2
     assert all(step["zero_std_fraction"] < 1 for step in one["steps"])  # real advantages
     # Each process trained on half of each batch's tokens.
