@@ -53,31 +53,6 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def tiny_model(folder: Path) -> str:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from trainer.models import load_tokenizer, resolve_model
-
-    tokenizer = load_tokenizer(resolve_model("smollm2"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -89,9 +64,10 @@ def main() -> None:
     from harness.config import build
     from harness.store import Store
     from problems.circle_packing import CirclePacking
+    from trainer.models import save_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="vpo-long-run-"))
-    model = tiny_model(work / "tiny")
+    model = save_tiny_llama(work / "tiny")
     config = build(
         {
             "problem": "circle_packing",

@@ -56,7 +56,9 @@ KS = range(1, 9)
 
 def tiny_policy_folder(seed: int) -> str:
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from trainer.models import tiny_llama_config
 
     tokenizer = Tokenizer(models.WordLevel(VOCAB, unk_token="<pad>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -64,13 +66,8 @@ def tiny_policy_folder(seed: int) -> str:
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>"
     )
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    config = tiny_llama_config(
+        len(VOCAB),
         max_position_embeddings=64,
         pad_token_id=0,
         bos_token_id=1,

@@ -222,25 +222,10 @@ def evolve(
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
         pending: Future[None] | None = None
         for iteration in range(first_iteration, config.iterations):
-            rng = np.random.default_rng([config.seed, iteration])
-            refresh_population(campaign)
-            selection = choose(campaign, iteration, rng, selection_config)
-            parent, *drafts = campaign.store.programs_by_ids(
-                [selection.parent_id, *selection.draft_ids]
-            )
-            prompt = build_prompt(campaign.problem, parent, drafts, config.candidates)
             version = campaign.trainer.version_id if campaign.trainer else None
-            completions = generate(campaign, generator, prompt, sampling, iteration)
-            moving = []
-            if config.strategy == "evolve" and should_migrate(
-                iteration, selection_config.migration_interval
-            ):
-                moving = migrants(
-                    campaign.population,
-                    selection_config.islands,
-                    selection_config.migrants_per_island,
-                    rng,
-                )
+            selection, parent, prompt, completions, moving = sample_iteration(
+                campaign, generator, iteration, selection_config, sampling
+            )
             if pending is not None:
                 pending.result()  # the previous iteration is stored before this one
                 train(campaign, generator)
@@ -262,6 +247,35 @@ def evolve(
             pending.result()
             if train(campaign, generator) and on_progress:
                 on_progress(config.iterations, campaign.progress)  # show the last step too
+
+
+def sample_iteration(
+    campaign: Campaign,
+    generator: Generator,
+    iteration: int,
+    selection_config: SelectionConfig,
+    sampling: Sampling,
+) -> tuple[Selection, ProgramRecord, list[dict[str, str]], list[Completion], list[Any]]:
+    """Iteration k up to its evaluation: parent and drafts chosen with the random stream of
+    (seed, k), the prompt, the G completions, and the programs migrating after it."""
+    config = campaign.config
+    rng = np.random.default_rng([config.seed, iteration])
+    refresh_population(campaign)
+    selection = choose(campaign, iteration, rng, selection_config)
+    parent, *drafts = campaign.store.programs_by_ids([selection.parent_id, *selection.draft_ids])
+    prompt = build_prompt(campaign.problem, parent, drafts, config.candidates)
+    completions = generate(campaign, generator, prompt, sampling, iteration)
+    moving = []
+    if config.strategy == "evolve" and should_migrate(
+        iteration, selection_config.migration_interval
+    ):
+        moving = migrants(
+            campaign.population,
+            selection_config.islands,
+            selection_config.migrants_per_island,
+            rng,
+        )
+    return selection, parent, prompt, completions, moving
 
 
 def _store_and_report(
@@ -517,24 +531,9 @@ def run_worker(
                     if generator is None or (latest is not None and latest.id != loaded):
                         generator = _worker_generator(config, latest, generator)
                         loaded = None if latest is None else latest.id
-                    rng = np.random.default_rng([config.seed, iteration])
-                    refresh_population(campaign)
-                    selection = choose(campaign, iteration, rng, selection_config)
-                    parent, *drafts = store.programs_by_ids(
-                        [selection.parent_id, *selection.draft_ids]
+                    selection, parent, prompt, completions, moving = sample_iteration(
+                        campaign, generator, iteration, selection_config, sampling
                     )
-                    prompt = build_prompt(problem, parent, drafts, config.candidates)
-                    completions = generate(campaign, generator, prompt, sampling, iteration)
-                    moving = []
-                    if config.strategy == "evolve" and should_migrate(
-                        iteration, selection_config.migration_interval
-                    ):
-                        moving = migrants(
-                            campaign.population,
-                            selection_config.islands,
-                            selection_config.migrants_per_island,
-                            rng,
-                        )
                     evaluate_and_store(
                         campaign,
                         iteration,

@@ -160,29 +160,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A random 2-layer Llama with SmolLM2's tokenizer: real generation, a step in 0.1 s."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from trainer.models import save_tiny_llama
 
-    from trainer.models import load_tokenizer, resolve_model
-
-    tokenizer = load_tokenizer(resolve_model("smollm2"))
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=8192,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 SMALL_SEED = "def f():\n    return 0\n"

@@ -92,16 +92,13 @@ def tokenizer(smollm2_folder: str) -> Any:
 @pytest.fixture(scope="module")
 def tiny_model(tokenizer: Any) -> Any:
     """A random 2-layer Llama with SmolLM2's vocabulary: real code paths in milliseconds."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    from trainer.models import tiny_llama_config
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+    config = tiny_llama_config(
+        len(tokenizer),
         max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
