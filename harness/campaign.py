@@ -211,14 +211,7 @@ def evolve(
     evaluated and stored before the next one generates (a sequential harness, for comparison
     in benchmarks/generator_busy.py)."""
     config = campaign.config
-    selection_config = SelectionConfig(
-        islands=config.islands,
-        migration_interval=config.migration_interval,
-        drafts=min(config.drafts, 4),
-    )
-    sampling = Sampling(
-        temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
-    )
+    selection_config, sampling = loop_settings(config)
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
         pending: Future[None] | None = None
         for iteration in range(first_iteration, config.iterations):
@@ -247,6 +240,19 @@ def evolve(
             pending.result()
             if train(campaign, generator) and on_progress:
                 on_progress(config.iterations, campaign.progress)  # show the last step too
+
+
+def loop_settings(config: CampaignConfig) -> tuple[SelectionConfig, Sampling]:
+    """How iterations select parents and sample completions, from the campaign's settings."""
+    selection = SelectionConfig(
+        islands=config.islands,
+        migration_interval=config.migration_interval,
+        drafts=min(config.drafts, 4),
+    )
+    sampling = Sampling(
+        temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+    )
+    return selection, sampling
 
 
 def sample_iteration(
@@ -508,14 +514,7 @@ def run_worker(
     loaded: int | None = None
     with Sandbox(workers=config.sandbox_workers) as sandbox:
         campaign = prepare(config, store, problem, campaign_id, sandbox)
-        selection_config = SelectionConfig(
-            islands=config.islands,
-            migration_interval=config.migration_interval,
-            drafts=min(config.drafts, 4),
-        )
-        sampling = Sampling(
-            temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
-        )
+        selection_config, sampling = loop_settings(config)
         try:
             while True:
                 iteration = store.claim_iteration(
