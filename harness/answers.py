@@ -110,16 +110,10 @@ def evaluate_policy(
     """best@k, pass@k and pool diversity on the first `eval_prompts` test instances."""
     instances = [problem.instance("test", i) for i in range(settings.eval_prompts)]
     m = settings.candidates
-    completions = generator.generate(
-        [_messages(problem, x, m) for x in instances],
-        settings.eval_generations,
-        Sampling(
-            temperature=settings.eval_temperature,
-            top_p=1.0,
-            max_tokens=settings.max_tokens,
-            seed=seed,
-        ),
-    )
+    completions = _sample(
+        problem, generator, instances, m, settings.eval_generations,
+        settings.eval_temperature, settings.max_tokens, seed,
+    )  # fmt: skip
     pool = settings.eval_generations * m
     ks = [k for k in KS if k <= pool]
     best = {k: [] for k in ks}
@@ -170,19 +164,11 @@ def train_answers(
     from harness.llm.transformers_backend import TransformersGenerator
     from harness.training import fresh_policy
     from trainer.loss import LossConfig
-    from trainer.models import ModelError
     from trainer.train import Group, Rollout, TrainConfig, train_step
 
-    try:
-        policy = fresh_policy(
-            settings.model,
-            settings.learning_rate,
-            settings.lora,
-            settings.lora_rank,
-            settings.kl_beta,
-        )
-    except ModelError as error:
-        raise UserError(str(error)) from None
+    policy = fresh_policy(
+        settings.model, settings.learning_rate, settings.lora, settings.lora_rank, settings.kl_beta
+    )
     # The generator samples from the very model being trained: each step is seen at once.
     generator = TransformersGenerator(
         settings.model, hf_model=policy.model, tokenizer=policy.tokenizer
@@ -213,16 +199,10 @@ def train_answers(
             for j in range(settings.prompts_per_step)
         ]
         instances = [problem.instance("train", i) for i in picks]
-        samples = generator.generate(
-            [_messages(problem, x, m) for x in instances],
-            settings.group_size,
-            Sampling(
-                temperature=settings.temperature,
-                top_p=1.0,
-                max_tokens=settings.max_tokens,
-                seed=settings.seed * 1_000_003 + step,
-            ),
-        )
+        samples = _sample(
+            problem, generator, instances, m, settings.group_size,
+            settings.temperature, settings.max_tokens, settings.seed * 1_000_003 + step,
+        )  # fmt: skip
         generated = time.perf_counter() - started
         groups = [
             _group(problem, instance, completions, m, Group, Rollout)
@@ -262,8 +242,22 @@ def train_answers(
     return report
 
 
-def _messages(problem: AnswerProblem, instance: Any, m: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": problem.prompt(instance, m)}]
+def _sample(
+    problem: AnswerProblem,
+    generator: Any,
+    instances: Sequence[Any],
+    m: int,
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    seed: int,
+) -> list[list[Completion]]:
+    """n completions of each instance's prompt (top-p 1, as the paper samples)."""
+    return generator.generate(
+        [[{"role": "user", "content": problem.prompt(x, m)}] for x in instances],
+        n,
+        Sampling(temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed),
+    )
 
 
 def _group(

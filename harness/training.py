@@ -117,13 +117,18 @@ def start_trainer(
 def fresh_policy(
     model: str, lr: float, lora: bool, lora_rank: int, kl_beta: float, device: str | None = None
 ) -> Policy:
-    """The starting policy: `model`'s weights, a reference only when the KL term is on."""
+    """The starting policy: `model`'s weights, a reference only when the KL term is on; a model
+    that cannot be loaded is a UserError."""
+    from trainer.models import ModelError
     from trainer.policy import Policy, PolicyConfig
 
     config = PolicyConfig(
         lr=lr, lora=lora, lora_rank=lora_rank, reference=kl_beta > 0, device=device
     )
-    return Policy.load(model, config)
+    try:
+        return Policy.load(model, config)
+    except ModelError as error:
+        raise UserError(str(error)) from None
 
 
 def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
@@ -212,7 +217,6 @@ def train_offline(
     from accelerate import Accelerator
 
     from trainer.loss import LossConfig
-    from trainer.models import ModelError
     from trainer.train import TrainConfig, train_step
 
     objectives = store.objectives(campaign_id)
@@ -230,17 +234,14 @@ def train_offline(
     # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, processes = accelerator.process_index, accelerator.num_processes
-    try:
-        policy = fresh_policy(
-            settings.model,
-            settings.learning_rate,
-            settings.lora,
-            settings.lora_rank,
-            settings.kl_beta,
-            device=str(accelerator.device),
-        )
-    except ModelError as error:
-        raise UserError(str(error)) from None
+    policy = fresh_policy(
+        settings.model,
+        settings.learning_rate,
+        settings.lora,
+        settings.lora_rank,
+        settings.kl_beta,
+        device=str(accelerator.device),
+    )
     config = TrainConfig(
         advantage=settings.advantage,
         loss=LossConfig(beta=settings.kl_beta),
