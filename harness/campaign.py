@@ -39,7 +39,14 @@ from harness.selection import (
     should_migrate,
 )
 from harness.store import Store
-from harness.training import Trainer, maybe_train, start_trainer, trainer_generator
+from harness.training import (
+    Trainer,
+    base_generator,
+    maybe_train,
+    serve_adapter,
+    start_trainer,
+    trainer_generator,
+)
 from problems.api import Evaluation, Problem
 
 GENERATION_RETRIES = 3
@@ -155,10 +162,7 @@ def run_campaign(
                 if generator is None and campaign.trainer is not None:
                     generator = trainer_generator(config, campaign.trainer)
                 elif generator is None:
-                    options: dict[str, Any] = {}
-                    if config.backend == "openai":
-                        options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
-                    generator = make_generator(config.backend, config.model, **options)
+                    generator = base_generator(config)
                 evolve(campaign, generator, done, on_progress)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
@@ -509,6 +513,7 @@ def run_worker(
     recorded; it never trains itself.
     """
     campaign_id = open_campaign_shared(store, config, problem)
+    name = config.name or problem.name
     owns_generator = generator is None
     done = 0
     loaded: int | None = None
@@ -528,7 +533,7 @@ def run_worker(
                 try:
                     latest = store.latest_policy(campaign_id)
                     if generator is None or (latest is not None and latest.id != loaded):
-                        generator = _worker_generator(config, latest, generator)
+                        generator = _worker_generator(config, name, latest, generator)
                         loaded = None if latest is None else latest.id
                     selection, parent, prompt, completions, moving = sample_iteration(
                         campaign, generator, iteration, selection_config, sampling
@@ -585,30 +590,30 @@ def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem)
     raise UserError(f"could not create or find campaign {name!r} in {store.where}")
 
 
-def _worker_generator(config: CampaignConfig, latest: Any, current: Generator | None) -> Generator:
+def _worker_generator(
+    config: CampaignConfig, campaign_name: str, latest: Any, current: Generator | None
+) -> Generator:
     """A generator sampling from the newest policy version (the base model before any)."""
     from pathlib import Path
 
     if latest is None:
-        if current is not None:
-            return current
-        options: dict[str, Any] = {}
-        if config.backend == "openai":
-            options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
-        return make_generator(config.backend, config.model, **options)
+        return current if current is not None else base_generator(config)
     folder = Path(latest.path)
+    if config.backend == "openai":
+        # A shared server: the version becomes an adapter there, loaded by whichever worker
+        # comes first and sampled from by name.
+        generator = current if current is not None else base_generator(config)
+        serve_adapter(generator, campaign_name, latest.step, folder)
+        return generator
     merged = folder.with_name(folder.name + "-merged")
     if not (folder / "config.json").exists() and merged.exists():
         folder = merged  # a LoRA version: the trainer also wrote it merged for the workers
+    if current is None and config.backend != "transformers":
+        current = base_generator(config)  # vllm: start the engine once, then reload weights
     reload = getattr(current, "reload_weights", None)
     if reload is not None:
         reload(str(folder))
         return current  # type: ignore[return-value]
-    if config.backend != "transformers":
-        raise UserError(
-            f"the {config.backend} backend cannot load policy versions; "
-            "use the transformers or vllm backend for workers that follow a trainer"
-        )
     if current is not None:
         current.close()
     return make_generator("transformers", str(folder))

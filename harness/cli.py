@@ -637,7 +637,12 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
 
     stored = dict(campaign.config)
     every = args.train_every or int(stored.get("train_every") or 0) or 4
-    overrides: dict[str, Any] = {"train_every": every, "advantage": args.advantage}
+    # The follower never samples, whatever backend the workers use.
+    overrides: dict[str, Any] = {
+        "train_every": every,
+        "advantage": args.advantage,
+        "backend": "transformers",
+    }
     if args.model:
         overrides["model"] = args.model
     if args.learning_rate:

@@ -96,12 +96,13 @@ class CampaignConfig:
                     f"1 with advantage {self.advantage!r}, which scores one candidate per "
                     "rollout (vpo and multi_rlvr score m)",
                 )
-            _require(
-                self.backend != "openai",
-                "backend",
-                "transformers or vllm when training (train_every > 0): the openai backend "
-                "cannot load new weights",
-            )
+            if self.backend == "openai":
+                _require(
+                    self.lora,
+                    "lora",
+                    "true when training (train_every > 0) with the openai backend: a server "
+                    "takes each new policy version as a LoRA adapter",
+                )
 
     @property
     def sandbox_workers(self) -> int:

@@ -46,6 +46,7 @@ class Trainer:
     policy: Policy
     config: TrainConfig
     folder: Path
+    name: str  # the campaign's, for naming adapters on a server
     version_id: int | None = None
 
 
@@ -110,6 +111,7 @@ def start_trainer(
         policy=policy,
         config=train,
         folder=policy_folder(config, store, campaign_name),
+        name=campaign_name,
         version_id=None if latest is None else latest.id,
     )
 
@@ -131,6 +133,16 @@ def fresh_policy(
         raise UserError(str(error)) from None
 
 
+def base_generator(config: CampaignConfig) -> Generator:
+    """The generator `config` names, sampling from the base model."""
+    from harness.llm import make_generator
+
+    options: dict[str, Any] = {}
+    if config.backend == "openai":
+        options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
+    return make_generator(config.backend, config.model, **options)
+
+
 def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
     """A generator that samples from the trainer's current weights."""
     if config.backend == "transformers":
@@ -140,12 +152,27 @@ def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
         return TransformersGenerator(
             config.model, hf_model=trainer.policy.model, tokenizer=trainer.policy.tokenizer
         )
-    from harness.llm import make_generator
-
-    generator = make_generator(config.backend, config.model)
-    if trainer.version_id is not None:
-        publish(trainer.policy, generator, trainer.folder / _step_name(trainer.policy.step))
+    generator = base_generator(config)
+    try:
+        if config.backend == "openai":
+            check_trainable_endpoint(generator)
+        if trainer.version_id is not None:
+            publish(trainer, generator, trainer.folder / _step_name(trainer.policy.step))
+    except BaseException:
+        generator.close()
+        raise
     return generator
+
+
+def check_trainable_endpoint(generator: Any) -> None:
+    """Training from an endpoint needs the sampled token ids (only vLLM returns them) and a
+    server that loads each new version as a LoRA adapter."""
+    if generator.server != "vllm":
+        raise UserError(
+            f"training needs the sampled token ids, which only a vLLM server returns; "
+            f"{generator.base_url} is served by {generator.server or 'an unknown server'}"
+        )
+    generator.check_adapters()
 
 
 def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | None:
@@ -182,7 +209,7 @@ def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | 
         metrics=metrics.as_dict(),
         group_ids=[g.id for g in stored],
     )
-    publish(trainer.policy, generator, folder)
+    publish(trainer, generator, folder)
     return metrics
 
 
@@ -282,10 +309,11 @@ def train_offline(
     return history
 
 
-def publish(policy: Policy, generator: Generator | None, folder: Path) -> None:
-    """Make `generator` sample from `policy`'s current weights, saved in `folder`; with no
+def publish(trainer: Trainer, generator: Generator | None, folder: Path) -> None:
+    """Make `generator` sample from the trainer's current weights, saved in `folder`; with no
     generator (`vpo train --follow`), workers load the folder themselves, so a LoRA version is
     also written merged beside it."""
+    policy = trainer.policy
     if generator is None:
         if policy.config.lora:
             policy.save_merged(folder.with_name(folder.name + "-merged"))
@@ -293,6 +321,9 @@ def publish(policy: Policy, generator: Generator | None, folder: Path) -> None:
     hf_model = getattr(generator, "hf_model", None)
     if hf_model is policy.model:
         return  # in-process transformers: the weights are shared
+    if hasattr(generator, "load_adapter"):
+        serve_adapter(generator, trainer.name, policy.step, folder)
+        return
     reload = getattr(generator, "reload_weights", None)
     if reload is None:
         raise UserError(
@@ -302,6 +333,33 @@ def publish(policy: Policy, generator: Generator | None, folder: Path) -> None:
     if policy.config.lora:
         folder = policy.save_merged(folder.with_name(folder.name + "-merged"))
     reload(str(folder))
+
+
+# A server keeps the newest version and the one before it, for workers still sampling from it.
+ADAPTERS_KEPT = 2
+
+
+def adapter_name(campaign_name: str, step: int) -> str:
+    return f"{_safe(campaign_name)}-{_step_name(step)}"
+
+
+def serve_adapter(generator: Any, campaign_name: str, step: int, folder: Path) -> None:
+    """Make an endpoint generator sample from the LoRA policy version `step` saved in `folder`:
+    loaded into the server under the version's name (once, whichever worker comes first), with
+    the campaign's versions older than the newest ADAPTERS_KEPT unloaded."""
+    if not (folder / "adapter_config.json").exists():
+        raise UserError(
+            f"policy version {step} at {folder} holds full weights, and a server takes new "
+            "versions only as LoRA adapters; train with --lora, or give the workers the "
+            "transformers or vllm backend"
+        )
+    name = adapter_name(campaign_name, step)
+    generator.load_adapter(name, str(folder.resolve()))
+    prefix = f"{_safe(campaign_name)}-step-"
+    for served in generator.served_adapters():
+        number = served[len(prefix) :]
+        if served.startswith(prefix) and number.isdigit() and int(number) <= step - ADAPTERS_KEPT:
+            generator.unload_adapter(served)
 
 
 def to_group(stored: TrainingGroup, objectives: list[str], candidates: int) -> Group | None:

@@ -185,8 +185,10 @@ def test_training_settings_are_checked_before_anything_runs() -> None:
 
     with pytest.raises(UserError, match="candidates"):
         build({"train_every": 2, "advantage": "grpo", "candidates": 3})
-    with pytest.raises(UserError, match="openai backend cannot load new weights"):
-        build({"train_every": 2, "backend": "openai", "base_url": "http://127.0.0.1:1/v1"})
+    endpoint = {"backend": "openai", "base_url": "http://127.0.0.1:1/v1"}
+    with pytest.raises(UserError, match="'lora' must be true when training .* openai backend"):
+        build({"train_every": 2, **endpoint})
+    assert build({"train_every": 2, "lora": True, **endpoint}).lora
     with pytest.raises(UserError, match="advantage"):
         build({"advantage": "ppo"})
     with pytest.raises(UserError, match="true or false"):

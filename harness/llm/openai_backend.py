@@ -4,6 +4,11 @@ The key is read from an environment variable at start-up and kept only in the HT
 headers; it is never written anywhere. Token ids come back only from vLLM servers (which are
 asked for them); log-probs come back where the server gives them. For the sampling log-probs an
 RL step needs, start vLLM with `--logprobs-mode processed_logprobs`.
+
+A vLLM server started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` also
+takes LoRA adapters at run time (`load_adapter`): each policy version of a campaign becomes an
+adapter named after it, sampled from by name, so a server shared by many workers follows the
+trainer without a restart.
 """
 
 from __future__ import annotations
@@ -48,6 +53,10 @@ class OpenAIGenerator:
         self.concurrency = max(1, concurrency)
         self.logprobs = logprobs
         self.extra_body = dict(extra_body or {})
+        # The adapter sampled from (None: the base model), and every adapter this client loaded,
+        # by name, with the folder the server reads it from.
+        self.adapter: str | None = None
+        self.adapters: dict[str, str] = {}
         headers = {}
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -109,7 +118,7 @@ class OpenAIGenerator:
         # Some servers (llama.cpp) answer fewer than n choices; ask again for the rest.
         while len(completions) < n:
             body: dict[str, Any] = {
-                "model": self.model,
+                "model": self.adapter or self.model,
                 "messages": list(messages),
                 "n": n - len(completions),
                 "temperature": sampling.temperature,
@@ -123,7 +132,7 @@ class OpenAIGenerator:
             if self.server == "vllm":
                 body["return_token_ids"] = True  # a vLLM extension; other servers reject it
             body.update(self.extra_body)
-            reply = self._post("/chat/completions", body)
+            reply = self._chat(body)
             choices = reply.get("choices") or []
             if not choices:
                 raise GenerationError(f"{self.base_url} answered with no choices")
@@ -131,23 +140,123 @@ class OpenAIGenerator:
             completions.extend(_completion(choice, prompt_ids) for choice in choices)
         return completions[:n]
 
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
+        response = self._request("/chat/completions", body)
+        if response.status_code == 404 and self.adapter is not None:
+            # Another client sharing the server unloaded our adapter (an older version to it):
+            # load it again, so this request still samples from the version it is recorded under.
+            self._load(self.adapter, self.adapters[self.adapter])
+            response = self._request("/chat/completions", body)
+        return _json(response, f"{self.base_url}/chat/completions")
+
+    def _request(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
-            response = self.client.post(path, json=body)
+            return self.client.post(path, json=body)
         except httpx.HTTPError as error:
             raise GenerationError(f"{self.base_url}{path}: {_describe(error)}") from None
-        if response.status_code >= 400:
-            raise GenerationError(
-                f"{self.base_url}{path} answered HTTP {response.status_code}: "
-                f"{_server_message(response)}"
+
+    # LoRA adapters on a vLLM server
+
+    def check_adapters(self) -> None:
+        """Fail now, with a user error, if the server cannot load LoRA adapters at run time.
+
+        It asks the server to load a folder that does not exist: a server that could load
+        adapters answers "not found", one that cannot says why (or has no such route)."""
+        response = self._request(
+            "/load_lora_adapter",
+            {"lora_name": "vpo-probe", "lora_path": "/nonexistent/vpo-evolve-probe"},
+        )
+        if response.status_code < 400:
+            self._request("/unload_lora_adapter", {"lora_name": "vpo-probe"})
+            return
+        self._refuse_if_unsupported(response)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Sample from the LoRA adapter in folder `path`, served as `name`, from now on.
+
+        The server reads `path` from its own file system. A name the server already serves from
+        the same folder is used as it is, so every worker sharing the server can call this; a
+        name it serves from another folder is an error (two campaigns of one name)."""
+        served = self.served_adapters()
+        if name not in served:
+            self._load(name, path)
+        elif served[name] != path:
+            raise UserError(
+                f"{self.base_url} already serves an adapter named {name!r} from {served[name]}, "
+                f"not {path}; give this campaign another name (--name)"
             )
+        self.adapters[name] = path
+        self.adapter = name
+
+    def unload_adapter(self, name: str) -> None:
+        """Free the server of adapter `name`; one already gone is fine (another client)."""
+        response = self._request("/unload_lora_adapter", {"lora_name": name})
+        if response.status_code >= 400 and response.status_code != 404:
+            raise GenerationError(
+                f"{self.base_url} could not unload adapter {name!r} (HTTP "
+                f"{response.status_code}): {_server_message(response)}"
+            )
+        self.adapters.pop(name, None)
+        if self.adapter == name:
+            self.adapter = None
+
+    def served_adapters(self) -> dict[str, str]:
+        """The adapters the server holds now, by name, with the folder each came from."""
+        models = _json(self._get("/models"), f"{self.base_url}/models").get("data") or []
+        return {
+            str(entry["id"]): str(entry.get("root") or "")
+            for entry in models
+            if isinstance(entry, dict) and entry.get("parent") and "id" in entry
+        }
+
+    def _get(self, path: str) -> httpx.Response:
         try:
-            return response.json()
-        except ValueError:
-            raise GenerationError(f"{self.base_url}{path} answered with invalid JSON") from None
+            return self.client.get(path)
+        except httpx.HTTPError as error:
+            raise GenerationError(f"{self.base_url}{path}: {_describe(error)}") from None
+
+    def _load(self, name: str, path: str) -> None:
+        response = self._request("/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        if response.status_code < 400 or "already been loaded" in _server_message(response):
+            return  # another worker loaded it first
+        self._refuse_if_unsupported(response)
+        raise UserError(
+            f"{self.base_url} could not load adapter {name!r} from {path} (HTTP "
+            f"{response.status_code}): {_server_message(response)}; the server reads the "
+            "folder from its own file system"
+        )
+
+    def _refuse_if_unsupported(self, response: httpx.Response) -> None:
+        message = _server_message(response)
+        if response.status_code == 404 and message == "Not Found":
+            raise UserError(
+                f"{self.base_url} does not load LoRA adapters at run time; start vllm serve "
+                "with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment and --enable-lora"
+            )
+        if "enable-lora" in message or "LoRA is not enabled" in message:
+            raise UserError(
+                f"{self.base_url} has LoRA turned off; start vllm serve with --enable-lora "
+                "(and --max-lora-rank at least the policy's rank)"
+            )
+        if response.status_code >= 500:
+            raise GenerationError(
+                f"{self.base_url} failed loading an adapter (HTTP {response.status_code}): "
+                f"{message}"
+            )
 
     def close(self) -> None:
         self.client.close()
+
+
+def _json(response: httpx.Response, where: str) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise GenerationError(
+            f"{where} answered HTTP {response.status_code}: {_server_message(response)}"
+        )
+    try:
+        return response.json()
+    except ValueError:
+        raise GenerationError(f"{where} answered with invalid JSON") from None
 
 
 def _completion(choice: dict[str, Any], prompt_ids: list[int] | None) -> Completion:
@@ -173,7 +282,10 @@ def _server_message(response: httpx.Response) -> str:
     try:
         payload = response.json()
         error = payload.get("error", payload) if isinstance(payload, dict) else payload
-        message = error.get("message", error) if isinstance(error, dict) else error
+        if isinstance(error, dict):  # {"error": {"message": ...}}, or FastAPI's {"detail": ...}
+            message = error.get("message") or error.get("detail") or error
+        else:
+            message = error
     except ValueError:
         message = response.text
     lines = str(message).strip().splitlines()
