@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -1862,9 +1863,21 @@ def _enable_wal(engine: Engine, where: str) -> None:
     # journal_mode persists in the file but cannot change inside a transaction, so it is set on
     # a raw connection, and only once the file is known to be ours: never convert someone
     # else's database before refusing it.
+    # Switching takes a lock SQLite does not wait for (busy_timeout does not apply), so a
+    # process opening a new file beside another one that is creating it retries.
     raw = engine.raw_connection()
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
     try:
-        mode = raw.driver_connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        while True:
+            try:
+                mode = raw.driver_connection.execute("PRAGMA journal_mode").fetchone()[0]
+                if mode != "wal":
+                    mode = raw.driver_connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
     finally:
         raw.close()
     if mode not in ("wal", "memory"):

@@ -583,6 +583,27 @@ def test_sqlite_runs_in_wal_mode_with_its_pragmas(tmp_path: Path) -> None:
         assert pragma("PRAGMA busy_timeout").scalar() >= 1000
 
 
+def test_opening_waits_while_another_process_holds_the_file(tmp_path: Path) -> None:
+    """Switching a file to WAL takes a lock SQLite does not wait for; a worker opening the
+    database while another one reads or creates it must wait, not fail with "locked"."""
+    import sqlite3
+
+    path = tmp_path / "w.db"
+    Store.open(path).close()
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode = DELETE")  # as before the first open switched it
+    holder.execute("BEGIN IMMEDIATE")  # a writer's lock, as while creating the tables
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        with Store.open(path) as store, store.engine.connect() as connection:
+            assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert store.campaigns() == []
+    finally:
+        release.join()
+        holder.close()
+
+
 def test_a_foreign_sqlite_file_is_left_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "shop.db"
     engine = plain_engine(f"sqlite:///{path}")
