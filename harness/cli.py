@@ -653,12 +653,21 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
     if args.out is not None:
         overrides["policy_dir"] = str(Path(args.out).resolve())
     config = build(stored, overrides, where="the campaign's settings")
+    on_server = stored.get("backend") == "openai"
+    if on_server and not config.lora:
+        raise UserError(
+            f"the workers of campaign {campaign.name!r} sample from a server, which takes new "
+            "policy versions only as LoRA adapters: give --lora"
+        )
     trainer = start_trainer(
         config, store, campaign.id, campaign.name, store.objectives(campaign.id)
     )
     assert trainer is not None
     # Workers elsewhere read the recorded paths: make them absolute.
     trainer.folder = trainer.folder.resolve()
+    # Workers of a campaign on a server load each LoRA version there as an adapter; only
+    # in-process workers need it merged into whole weights (a full model's size per version).
+    trainer.write_merged = not on_server
     print(
         f"following campaign {campaign.name!r} of {store.where}: a step every {every} new "
         f"groups, versions in {trainer.folder}",

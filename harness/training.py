@@ -48,6 +48,9 @@ class Trainer:
     folder: Path
     name: str  # the campaign's, for naming adapters on a server
     version_id: int | None = None
+    # `vpo train --follow` only: also write each LoRA version merged, for workers that load
+    # whole weights (not for workers on a server, which load the adapter).
+    write_merged: bool = True
 
 
 def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> Path:
@@ -157,7 +160,8 @@ def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
         if config.backend == "openai":
             check_trainable_endpoint(generator)
         if trainer.version_id is not None:
-            publish(trainer, generator, trainer.folder / _step_name(trainer.policy.step))
+            folder = trainer.folder / _step_name(trainer.policy.step)
+            publish(trainer.policy, generator, folder, campaign_name=trainer.name)
     except BaseException:
         generator.close()
         raise
@@ -209,7 +213,13 @@ def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | 
         metrics=metrics.as_dict(),
         group_ids=[g.id for g in stored],
     )
-    publish(trainer, generator, folder)
+    publish(
+        trainer.policy,
+        generator,
+        folder,
+        campaign_name=trainer.name,
+        write_merged=trainer.write_merged,
+    )
     return metrics
 
 
@@ -309,20 +319,27 @@ def train_offline(
     return history
 
 
-def publish(trainer: Trainer, generator: Generator | None, folder: Path) -> None:
-    """Make `generator` sample from the trainer's current weights, saved in `folder`; with no
-    generator (`vpo train --follow`), workers load the folder themselves, so a LoRA version is
-    also written merged beside it."""
-    policy = trainer.policy
+def publish(
+    policy: Policy,
+    generator: Generator | None,
+    folder: Path,
+    *,
+    campaign_name: str = "",
+    write_merged: bool = True,
+) -> None:
+    """Make `generator` sample from the policy's current weights, saved in `folder` (on a
+    server, as an adapter named after `campaign_name`); with no generator (`vpo train
+    --follow`), workers load the folder themselves, so a LoRA version is also written merged
+    beside it when `write_merged` (not when they all sample from a server)."""
     if generator is None:
-        if policy.config.lora:
+        if policy.config.lora and write_merged:
             policy.save_merged(folder.with_name(folder.name + "-merged"))
         return
     hf_model = getattr(generator, "hf_model", None)
     if hf_model is policy.model:
         return  # in-process transformers: the weights are shared
     if hasattr(generator, "load_adapter"):
-        serve_adapter(generator, trainer.name, policy.step, folder)
+        serve_adapter(generator, campaign_name, policy.step, folder)
         return
     reload = getattr(generator, "reload_weights", None)
     if reload is None:

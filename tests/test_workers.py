@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import check_invariants
+from conftest import check_invariants, finish, start_vpo, wait_for_campaign
 from sqlalchemy import text
 
 from harness.store import Store
@@ -20,28 +19,12 @@ from harness.store import Store
 GROUP_SIZE = 2
 
 
-def vpo(*args: str, **options) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **options,
-    )
-
-
 def worker(url: str, model: str, budget: int, name: str, *extra: str) -> subprocess.Popen[str]:
-    return vpo(
+    return start_vpo(
         "worker", "circle_packing", "--db", url, "--name", "w", "--model", model,
         "--iterations", str(budget), "--group-size", str(GROUP_SIZE), "--max-tokens", "24",
         "--id", name, *extra,
     )  # fmt: skip
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
-    out, err = process.communicate(timeout=timeout)
-    assert process.returncode == 0, err[-2000:]
-    return out
 
 
 @pytest.mark.postgres
@@ -54,17 +37,8 @@ def test_three_workers_and_a_follower_on_postgresql(
 def _workers_and_follower(url: str, model: str, tmp_path: Path) -> None:
     budget, every = 12, 2
     workers = [worker(url, model, budget, f"w{i}") for i in range(3)]
-    # The trainer needs the campaign the first worker creates.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with Store.open(url, create=False) as store:
-                if store.get_campaign("w") is not None:
-                    break
-        except Exception:
-            pass
-        time.sleep(0.5)
-    trainer = vpo(
+    wait_for_campaign(url)  # the trainer needs the campaign the first worker creates
+    trainer = start_vpo(
         "train", "--db", url, "--name", "w", "--follow", "--train-every", str(every),
         "--out", str(tmp_path / "policies"), "--model", model, "--lr", "1e-3", "--poll", "0.5",
     )  # fmt: skip
@@ -146,7 +120,7 @@ def test_worker_and_follow_errors_are_one_line(
     args: tuple[str, ...], words: str, tmp_path: Path
 ) -> None:
     db = str(tmp_path / "w.db")
-    process = vpo(*(a.replace("{db}", db) for a in args), cwd=tmp_path)
+    process = start_vpo(*(a.replace("{db}", db) for a in args), cwd=tmp_path)
     _, err = process.communicate(timeout=120)
     assert process.returncode != 0
     assert words in err and "Traceback" not in err

@@ -271,9 +271,9 @@ def tiny_llama_config(vocab_size: int, **overrides: Any) -> Any:
     return LlamaConfig(**(settings | overrides))
 
 
-def save_tiny_llama(folder: str | os.PathLike[str], seed: int = 0) -> str:
-    """`tiny_llama_config` with SmolLM2's tokenizer (from the embedded model), saved as a model
-    folder every backend loads."""
+def save_tiny_llama(folder: str | os.PathLike[str], seed: int = 0, **overrides: Any) -> str:
+    """`tiny_llama_config` (with `overrides`) and SmolLM2's tokenizer (from the embedded model),
+    saved as a model folder every backend loads."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -284,6 +284,7 @@ def save_tiny_llama(folder: str | os.PathLike[str], seed: int = 0) -> str:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **overrides,
     )
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

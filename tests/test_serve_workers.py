@@ -1,0 +1,191 @@
+"""Workers sharing one `vllm serve`, with a trainer that loads each policy version into it as a
+LoRA adapter: the README's recipe for generation on a server, run as a user runs it.
+
+The server serves the tiny random Llama (a real vLLM engine in seconds per request where
+SmolLM2 takes minutes on a CPU); its served name is the model's folder, so workers and the
+trainer name the same model. `tests/test_llm.py` checks the adapter calls themselves on SmolLM2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import (
+    check_invariants,
+    finish,
+    require_vllm,
+    start_vpo,
+    vllm_serve,
+    wait_for_campaign,
+)
+from sqlalchemy import text
+
+from harness.llm.openai_backend import OpenAIGenerator
+from harness.store import Store
+
+GROUP_SIZE = 2
+SAMPLED = ("--group-size", str(GROUP_SIZE), "--max-tokens", "32")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Llama with one attention head of 64: vLLM's CPU attention has no kernel for
+    the usual tiny model's heads of 16."""
+    from trainer.models import save_tiny_llama
+
+    folder = tmp_path_factory.mktemp("tiny-llama-served")
+    return save_tiny_llama(folder, num_attention_heads=1, num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def server(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_vllm()
+    log = tmp_path_factory.mktemp("vllm-serve-tiny") / "server.log"
+    with vllm_serve(model, model, log, max_model_len=4096) as base_url:
+        yield base_url
+
+
+@pytest.fixture
+def client(server: str, model: str) -> Iterator[OpenAIGenerator]:
+    """For looking at what the server holds; every adapter is unloaded afterwards, so each test
+    starts from the base model alone."""
+    generator = OpenAIGenerator(model, base_url=server, api_key_env="VPO_TEST_LLM_KEY")
+    try:
+        yield generator
+    finally:
+        for name in generator.served_adapters():
+            generator.unload_adapter(name)
+        generator.close()
+
+
+def served_versions(client: OpenAIGenerator, campaign: str) -> set[str]:
+    return {n for n in client.served_adapters() if n.startswith(f"{campaign}-step-")}
+
+
+def on_server(server: str, model: str) -> tuple[str, ...]:
+    return (
+        "--backend", "openai", "--base-url", server, "--api-key-env", "VPO_TEST_LLM_KEY",
+        "--model", model,
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
+    server: str, model: str, client: OpenAIGenerator, tmp_path: Path
+) -> None:
+    """Two `vpo worker --backend openai` on one server and a `vpo train --follow --lora`: each
+    version the trainer records is loaded into the server and sampled by name, and a worker
+    started later samples from the newest."""
+    url, budget, every = f"sqlite:///{tmp_path / 'w.db'}", 8, 2
+
+    def worker(name: str, iterations: int) -> object:
+        return start_vpo(
+            "worker", "humaneval:0", "--db", url, "--name", "w", "--id", name,
+            "--iterations", str(iterations), *on_server(server, model), *SAMPLED,
+        )  # fmt: skip
+
+    workers = [worker(f"w{i}", budget) for i in range(2)]
+    wait_for_campaign(url)
+    trainer = start_vpo(
+        "train", "--db", url, "--name", "w", "--follow", "--train-every", str(every),
+        "--lora", "--lr", "1e-3", "--out", str(tmp_path / "policies"), "--poll", "0.5",
+    )  # fmt: skip
+    for process in workers:
+        finish(process)  # type: ignore[arg-type]
+    assert f"{budget // every} steps" in finish(trainer)
+    check_invariants(url, budget, every, unique_code=False)
+    # Workers on a server load adapters: no merged copy of each version is written.
+    assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == [
+        f"step-{s:06d}" for s in range(1, budget // every + 1)
+    ]
+    finish(worker("late", budget + 1))  # type: ignore[arg-type]
+    newest = f"w-step-{budget // every:06d}"
+    # The newest version is served, and at most the one before it besides (a version may never
+    # have been loaded, when no worker sampled between it and the next).
+    served = served_versions(client, "w")
+    assert newest in served
+    assert served <= {newest, f"w-step-{budget // every - 1:06d}"}
+    with Store.open(url, create=False) as store:
+        campaign = store.get_campaign("w")
+        assert campaign is not None
+        latest = store.latest_policy(campaign.id)
+        assert latest is not None and latest.step == budget // every
+        with store.engine.connect() as connection:
+            late = connection.execute(
+                text(
+                    "SELECT policy_version_id FROM rollout_group "
+                    "WHERE campaign_id = :c AND iteration >= :b"
+                ),
+                {"c": campaign.id, "b": budget},
+            ).scalars()
+            assert list(late) == [latest.id]
+
+
+@pytest.mark.timeout(600)
+def test_a_campaign_trains_on_server_samples_and_loads_each_version(
+    server: str, model: str, client: OpenAIGenerator, tmp_path: Path
+) -> None:
+    """`vpo run --backend openai --train-every 2 --lora`: one process samples from the server,
+    trains on what it returned, and loads each new version into it; a resumed run loads the
+    last version again and goes on from it."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+
+    def run(iterations: int) -> str:
+        return finish(
+            start_vpo(
+                "run",
+                "humaneval:0",
+                "--db",
+                url,
+                "--name",
+                "w",
+                "--iterations",
+                str(iterations),
+                "--train-every",
+                "2",
+                "--lora",
+                "--lr",
+                "1e-3",
+                *on_server(server, model),
+                *SAMPLED,
+            )  # fmt: skip
+        )
+
+    run(4)
+    assert served_versions(client, "w") == {"w-step-000001", "w-step-000002"}
+    for name in client.served_adapters():
+        client.unload_adapter(name)  # as if the server had restarted
+    run(6)
+    check_invariants(url, 6, 2, unique_code=False)
+    assert served_versions(client, "w") == {"w-step-000002", "w-step-000003"}
+
+
+def test_a_full_weights_follower_is_refused_for_a_server_campaign(
+    server: str, model: str, tmp_path: Path
+) -> None:
+    """Workers on a server can only take adapters: a follower without --lora says so in one
+    line before it trains."""
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    finish(
+        start_vpo(
+            "worker",
+            "humaneval:0",
+            "--db",
+            url,
+            "--name",
+            "w",
+            "--iterations",
+            "2",
+            *on_server(server, model),
+            *SAMPLED,
+        )  # fmt: skip
+    )
+    follower = start_vpo(
+        "train", "--db", url, "--name", "w", "--follow", "--train-every", "2",
+        "--out", str(tmp_path / "policies"), "--poll", "0.5",
+    )  # fmt: skip
+    _, err = follower.communicate(timeout=300)
+    assert follower.returncode != 0
+    assert "lora" in err.lower() and "Traceback" not in err
