@@ -270,6 +270,14 @@ def train_offline(
     # One process unless started by `accelerate launch`; then each takes a share of each batch.
     # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    if accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
+        # Our step sums the gradients by hand on whole copies; a sharded model would need its
+        # own save, reference model and LoRA handling, which are not built yet.
+        raise UserError(
+            f"accelerate's config asks for {accelerator.distributed_type.value}, which vpo "
+            "train does not support yet: every process holds the whole model; use a "
+            "multi-GPU (data parallel) config (`accelerate config`, or --multi_gpu)"
+        )
     rank, processes = accelerator.process_index, accelerator.num_processes
     policy = fresh_policy(
         settings.model,

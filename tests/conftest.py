@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text
@@ -326,14 +327,30 @@ def campaign_invariants(
 # `vpo` commands as a user runs them, in processes of their own
 
 
+_started: list[subprocess.Popen[str]] = []
+
+
 def start_vpo(*args: str, **options: object) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         **options,  # type: ignore[call-overload]
     )
+    _started.append(process)
+    return process
+
+
+@pytest.fixture(autouse=True)
+def _end_started_commands() -> Iterator[None]:
+    """A test that failed half-way leaves no `vpo` process behind (a follower would poll on)."""
+    yield
+    while _started:
+        process = _started.pop()
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
 
 def finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
@@ -341,6 +358,23 @@ def finish(process: subprocess.Popen[str], timeout: float = 300) -> str:
     out, err = process.communicate(timeout=timeout)
     assert process.returncode == 0, err[-2000:]
     return out
+
+
+def versions_sampled_from(url: str, iteration: int, name: str = "w") -> tuple[Any, set[int]]:
+    """Campaign `name`'s newest policy version, and the versions its groups from `iteration`
+    on were sampled from."""
+    with Store.open(url, create=False) as store:
+        campaign = store.get_campaign(name)
+        assert campaign is not None
+        with store.engine.connect() as connection:
+            versions = connection.execute(
+                text(
+                    "SELECT DISTINCT policy_version_id FROM rollout_group "
+                    "WHERE campaign_id = :c AND iteration >= :i"
+                ),
+                {"c": campaign.id, "i": iteration},
+            ).scalars()
+            return store.latest_policy(campaign.id), set(versions)
 
 
 def wait_for_campaign(url: str, name: str = "w", timeout: float = 120) -> None:

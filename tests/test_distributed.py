@@ -112,3 +112,24 @@ def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path
     cosine = torch.nn.functional.cosine_similarity(one_step, two_steps, dim=0)
     assert cosine > 0.99
     assert two_steps.norm() == pytest.approx(one_step.norm().item(), rel=0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["--use_fsdp", "--use_deepspeed"])
+def test_a_sharded_accelerate_config_is_refused_in_one_line(
+    sharding: str, tiny_model: str, tmp_path: Path
+) -> None:
+    """FSDP and DeepSpeed would shard what the step treats as whole copies: refused, not run
+    silently unsharded."""
+    db = tmp_path / "harvest.db"
+    harvested(db, tiny_model)
+    launch = [
+        sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", sharding,
+        "-m", "trainer", "--db", str(db), "--out", str(tmp_path / "x"), "--model", tiny_model,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(launch, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode != 0
+    assert "does not support yet" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr

@@ -11,8 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import check_invariants, finish, start_vpo, wait_for_campaign
-from sqlalchemy import text
+from conftest import (
+    check_invariants,
+    finish,
+    start_vpo,
+    versions_sampled_from,
+    wait_for_campaign,
+)
 
 from harness.store import Store
 
@@ -50,19 +55,9 @@ def _workers_and_follower(url: str, model: str, tmp_path: Path) -> None:
 
     # A worker that starts later samples from the newest version the trainer recorded.
     finish(worker(url, model, budget + 2, "late"))
-    with Store.open(url, create=False) as store:
-        campaign = store.get_campaign("w")
-        latest = store.latest_policy(campaign.id)
-        assert latest is not None and latest.step == state["latest"]
-        with store.engine.connect() as connection:
-            versions = connection.execute(
-                text(
-                    "SELECT DISTINCT policy_version_id FROM rollout_group "
-                    "WHERE campaign_id = :c AND iteration >= :b"
-                ),
-                {"c": campaign.id, "b": budget},
-            ).scalars()
-            assert set(versions) == {latest.id}
+    latest, sampled = versions_sampled_from(url, budget)
+    assert latest is not None and latest.step == state["latest"]
+    assert sampled == {latest.id}
 
 
 def test_a_killed_workers_iteration_is_taken_over(tiny_model: str, tmp_path: Path) -> None:
