@@ -269,15 +269,8 @@ def train_offline(
     steps = settings.steps if settings.steps is not None else len(batches)
     # One process unless started by `accelerate launch`; then each takes a share of each batch.
     # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
+    refuse_sharding()
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    if accelerator.distributed_type.value in ("FSDP", "DEEPSPEED"):
-        # Our step sums the gradients by hand on whole copies; a sharded model would need its
-        # own save, reference model and LoRA handling, which are not built yet.
-        raise UserError(
-            f"accelerate's config asks for {accelerator.distributed_type.value}, which vpo "
-            "train does not support yet: every process holds the whole model; use a "
-            "multi-GPU (data parallel) config (`accelerate config`, or --multi_gpu)"
-        )
     rank, processes = accelerator.process_index, accelerator.num_processes
     policy = fresh_policy(
         settings.model,
@@ -325,6 +318,24 @@ def train_offline(
     (out / "vpo-train.json").write_text(json.dumps(report, indent=2) + "\n")
     accelerator.wait_for_everyone()
     return history
+
+
+def refuse_sharding() -> None:
+    """`accelerate launch` with an FSDP or DeepSpeed config (or flag) tells its processes so in
+    the environment; our step sums the gradients by hand over whole copies, and a sharded model
+    would need its own save, reference model and LoRA handling, which are not built yet."""
+    import os
+
+    for name, variable in (
+        ("FSDP", "ACCELERATE_USE_FSDP"),
+        ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"),
+    ):
+        if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
+            raise UserError(
+                f"accelerate's config asks for {name}, which vpo train does not support yet "
+                "(every process holds the whole model); use a multi-GPU data parallel config "
+                "(`accelerate launch --multi_gpu ...`)"
+            )
 
 
 def publish(
