@@ -125,7 +125,10 @@ def main() -> None:
     warm = next((s for s in samples if s[0] >= args.warm_up and s[1] >= trained), samples[-1])
     end = samples[-1]
     after = [s for s in samples if s[0] >= warm[0]]
-    fds = f"{min(s[4] for s in after)}-{max(s[4] for s in after)}"
+
+    def span(column: int) -> str:
+        return f"{min(s[column] for s in after):.0f}-{max(s[column] for s in after):.0f}"
+
     rows = "\n".join(f"| {m:5.1f} | {i} | {r:.0f} | {t:.0f} | {f} |" for m, i, r, t, f in samples)
     counts = store.counts(store.get_campaign("circle_packing").id)
     report = f"""# Long run: memory and open files over time
@@ -143,10 +146,9 @@ G = 4, m = 2, 64 tokens, 1 s per call, a VPO step every {args.train_every} group
 Warm from minute {warm[0]:.1f} (the first sample past {args.warm_up:g} minutes with
 {trained} groups recorded, so two training steps and the optimiser's state in) to the end
 (minute {end[0]:.1f}), {len(after)} samples: campaign RSS {warm[2]:.0f} -> {end[2]:.0f} MB
-({end[2] - warm[2]:+.0f} MB; {min(s[2] for s in after):.0f}-{max(s[2] for s in after):.0f}),
-process tree {warm[3]:.0f} -> {end[3]:.0f} MB ({end[3] - warm[3]:+.0f} MB;
-{min(s[3] for s in after):.0f}-{max(s[3] for s in after):.0f}), open file descriptors
-{warm[4]} -> {end[4]} ({end[4] - warm[4]:+d}; {fds}).
+({end[2] - warm[2]:+.0f} MB; {span(2)}), process tree {warm[3]:.0f} -> {end[3]:.0f} MB
+({end[3] - warm[3]:+.0f} MB; {span(3)}), open file descriptors {warm[4]} -> {end[4]}
+({end[4] - warm[4]:+d}; {span(4)}).
 A sample taken during a training step includes its activations and gradients, so single
 samples above the rest are expected; a leak shows as a rise that stays.
 """

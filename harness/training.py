@@ -267,9 +267,9 @@ def train_offline(
     per_step = max(1, settings.groups_per_step)
     batches = [groups[i : i + per_step] for i in range(0, len(groups), per_step)]
     steps = settings.steps if settings.steps is not None else len(batches)
+    refuse_sharding()
     # One process unless started by `accelerate launch`; then each takes a share of each batch.
     # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
-    refuse_sharding()
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, processes = accelerator.process_index, accelerator.num_processes
     policy = fresh_policy(
@@ -330,7 +330,7 @@ def refuse_sharding() -> None:
         ("FSDP", "ACCELERATE_USE_FSDP"),
         ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"),
     ):
-        if os.environ.get(variable, "").lower() in ("1", "true", "yes"):
+        if os.environ.get(variable, "false").lower() == "true":  # as accelerate reads them
             raise UserError(
                 f"accelerate's config asks for {name}, which vpo train does not support yet "
                 "(every process holds the whole model); use a multi-GPU data parallel config "
@@ -389,13 +389,20 @@ def serve_adapter(generator: Any, campaign_name: str, step: int, folder: Path) -
             "versions only as LoRA adapters; train with --lora, or give the workers the "
             "transformers or vllm backend"
         )
-    name = adapter_name(campaign_name, step)
-    generator.load_adapter(name, str(folder.resolve()))
-    prefix = f"{_safe(campaign_name)}-step-"
-    for served in generator.served_adapters():
-        number = served[len(prefix) :]
-        if served.startswith(prefix) and number.isdigit() and int(number) <= step - ADAPTERS_KEPT:
+    generator.load_adapter(adapter_name(campaign_name, step), str(folder.resolve()))
+    for served, version in served_versions(generator, campaign_name).items():
+        if version <= step - ADAPTERS_KEPT:
             generator.unload_adapter(served)
+
+
+def served_versions(generator: Any, campaign_name: str) -> dict[str, int]:
+    """The campaign's policy versions the generator's server holds: adapter name -> step."""
+    prefix = f"{_safe(campaign_name)}-step-"
+    return {
+        name: int(name[len(prefix) :])
+        for name in generator.served_adapters()
+        if name.startswith(prefix) and name[len(prefix) :].isdigit()
+    }
 
 
 def to_group(stored: TrainingGroup, objectives: list[str], candidates: int) -> Group | None:

@@ -436,9 +436,6 @@ def vllm_serve(model: str, served_name: str, log: Path, max_model_len: int) -> I
         "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
         "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
         "--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
-        # A prompt served from the prefix cache is computed by other kernels than a fresh one,
-        # so a repeated seeded request could sample differently; the tests repeat requests.
-        "--no-enable-prefix-caching",
     ]  # fmt: skip
     if not torch.cuda.is_available():
         # float32 even where the CPU has bf16: the tests compare the server's log-probs with

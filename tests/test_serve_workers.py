@@ -8,6 +8,7 @@ trainer name the same model. `tests/test_llm.py` checks the adapter calls themse
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def client(server: str, model: str) -> Iterator[OpenAIGenerator]:
 
 
 def served_versions(client: OpenAIGenerator, campaign: str) -> set[str]:
-    return {n for n in client.served_adapters() if n.startswith(f"{campaign}-step-")}
+    from harness.training import served_versions as versions
+
+    return set(versions(client, campaign))
 
 
 def on_server(server: str, model: str) -> tuple[str, ...]:
@@ -79,7 +82,7 @@ def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
     started later samples from the newest."""
     url, budget, every = f"sqlite:///{tmp_path / 'w.db'}", 8, 2
 
-    def worker(name: str, iterations: int) -> object:
+    def worker(name: str, iterations: int) -> subprocess.Popen[str]:
         return start_vpo(
             "worker", "humaneval:0", "--db", url, "--name", "w", "--id", name,
             "--iterations", str(iterations), *on_server(server, model), *SAMPLED,
@@ -92,14 +95,14 @@ def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
         "--lora", "--lr", "1e-3", "--out", str(tmp_path / "policies"), "--poll", "0.5",
     )  # fmt: skip
     for process in workers:
-        finish(process)  # type: ignore[arg-type]
+        finish(process)
     assert f"{budget // every} steps" in finish(trainer)
     check_invariants(url, budget, every, unique_code=False)
     # Workers on a server load adapters: no merged copy of each version is written.
     assert sorted(p.name for p in (tmp_path / "policies").iterdir()) == [
         f"step-{s:06d}" for s in range(1, budget // every + 1)
     ]
-    finish(worker("late", budget + 1))  # type: ignore[arg-type]
+    finish(worker("late", budget + 1))
     newest = f"w-step-{budget // every:06d}"
     # The newest version is served, and at most the one before it besides (a version may never
     # have been loaded, when no worker sampled between it and the next).
