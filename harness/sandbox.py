@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import select
 import signal
 import subprocess
@@ -42,14 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from harness import zygote
+from harness import confinement, zygote
 from harness.errors import UserError
 
-UID_BASE = 61000  # slot k runs candidates as uid UID_BASE + k when the harness is root
 _ZYGOTE = Path(zygote.__file__).resolve()
 _GRACE_SECONDS = 5.0  # the zygote enforces the deadline; this only catches a stuck zygote
 _START_SECONDS = 120.0  # a zygote imports numpy; allow for a loaded machine
 _HEADER_MAX = 16 << 20  # a reply header holds two output tails and a few short lists
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,11 @@ class Limits:
     max_processes: int = 32  # RLIMIT_NPROC; counted per uid, so only with a uid of its own
     output_chars: int = 4000  # tail of stdout and of stderr kept in the Outcome
     result_mb: int = 64  # largest encoded return value accepted
+    open_files: int = 256  # RLIMIT_NOFILE: each can pin memory (a memfd) RLIMIT_AS does not see
 
     def __post_init__(self) -> None:
-        for name in ("wall_seconds", "memory_mb", "file_mb", "max_processes", "result_mb"):
+        names = ("wall_seconds", "memory_mb", "file_mb", "max_processes", "result_mb", "open_files")
+        for name in names:
             if not getattr(self, name) > 0:
                 raise UserError(f"sandbox limit {name} must be positive, not {getattr(self, name)}")
         if self.cpu_seconds is not None and not self.cpu_seconds > 0:
@@ -122,7 +125,8 @@ class Sandbox:
             raise UserError(f"the sandbox needs at least one worker, not {workers}")
         self.workers = workers
         self.limits = limits
-        self._workers = [_Worker(slot, tuple(preload), namespaces) for slot in range(workers)]
+        slots = confinement.claim_slots(workers)
+        self._workers = [_Worker(slot, tuple(preload), namespaces) for slot in slots]
         self._free: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._closed = False
         self._stop = weakref.finalize(self, _stop_all, list(self._workers))
@@ -188,6 +192,7 @@ def _wire(limits: Limits) -> dict[str, Any]:
         "max_processes": limits.max_processes,
         "output_chars": limits.output_chars,
         "result_mb": limits.result_mb,
+        "open_files": limits.open_files,
     }
 
 
@@ -197,6 +202,7 @@ def _stop_all(workers: list[_Worker]) -> None:
     deadline = time.monotonic() + 2.0
     for worker in workers:
         worker.stop(deadline)
+        worker.slot.close()  # after its processes are gone: frees the uid and control groups
 
 
 class _WorkerGone(Exception):
@@ -206,8 +212,15 @@ class _WorkerGone(Exception):
 class _Worker:
     """One slot: a zygote process and the pipes to it. Used by one thread at a time."""
 
-    def __init__(self, slot: int, preload: tuple[str, ...], namespaces: bool) -> None:
-        config = {"uid": UID_BASE + slot, "preload": list(preload), "namespaces": namespaces}
+    def __init__(self, slot: confinement.Slot, preload: tuple[str, ...], namespaces: bool) -> None:
+        self.slot = slot
+        config = {
+            "uid": slot.uid,
+            "cgroup": slot.cgroup,
+            "warnings": slot.warnings,
+            "preload": list(preload),
+            "namespaces": namespaces,
+        }
         self.argv = [sys.executable, "-I", str(_ZYGOTE), json.dumps(config)]
         self.process: subprocess.Popen[bytes] | None = None
         self.hello: dict[str, Any] | None = None
@@ -409,9 +422,9 @@ def _outcome(header: dict[str, Any], payload: bytes, limits: Limits) -> Outcome:
         return Outcome(
             status,
             value,
-            reason,
-            header["stdout"],
-            header["stderr"],
+            None if reason is None else _storable(reason),
+            _storable(header["stdout"]),
+            _storable(header["stderr"]),
             header["seconds"],
             tuple(header["isolation"]),
             tuple(header["warnings"]),
@@ -426,6 +439,13 @@ def _outcome(header: dict[str, Any], payload: bytes, limits: Limits) -> Outcome:
         )
     if end == "oversize":
         return make("error", None, f"return value larger than {limits.result_mb} MB")
+    if header.get("memory_exceeded"):
+        return make(
+            "error",
+            None,
+            f"memory limit exceeded ({limits.memory_mb} MB, shared memory"
+            " and in-memory files included)",
+        )
     if "signal" in header:
         return make("error", None, _signal_reason(header["signal"], header["cpu_seconds"], limits))
     if header["code"] != 0 or not payload:
@@ -442,6 +462,8 @@ def _signal_reason(number: int, cpu_seconds: float, limits: Limits) -> str:
         return "CPU time limit exceeded"
     if number == signal.SIGXFSZ:
         return f"wrote more than {limits.file_mb} MB to a file (SIGXFSZ)"
+    if number == signal.SIGSYS:
+        return zygote.SECCOMP_REASON
     try:
         name = signal.Signals(number).name
     except ValueError:
@@ -451,10 +473,17 @@ def _signal_reason(number: int, cpu_seconds: float, limits: Limits) -> str:
 
 
 def _decode_message(payload: bytes) -> tuple[Literal["ok", "error"], Any, str | None]:
-    """Decode what the candidate process sent: {"value": data} or {"error": reason}."""
+    """Decode what the candidate process sent: {"value": data} or {"error": reason}.
+
+    The candidate runs in the process that writes these bytes, so it can write any bytes at all:
+    whatever they hold, the answer is an error with a reason, and parsing them costs at most
+    `zygote.MAX_VALUES` Python objects beside the bytes themselves.
+    """
+    if zygote.structure_count(payload) > zygote.MAX_VALUES:
+        return "error", None, f"sent a result of more than {zygote.MAX_VALUES:,} values"
     try:
         message = json.loads(payload)
-    except (ValueError, RecursionError) as exc:
+    except (ValueError, RecursionError, MemoryError) as exc:
         return "error", None, f"sent a malformed result: {zygote.one_line(exc)}"
     if type(message) is not dict or len(message) != 1:
         return "error", None, "sent a malformed result: not one value or one error"
@@ -462,11 +491,25 @@ def _decode_message(payload: bytes) -> tuple[Literal["ok", "error"], Any, str | 
         text = message["error"]
         if type(text) is not str:
             return "error", None, "sent a malformed result: the error is not text"
-        line = " ".join(text.split()) or "failed without a reason"
-        return "error", None, line if len(line) <= 300 else line[:297] + "..."
+        return "error", None, _one_line(text) or "failed without a reason"
     if "value" not in message:
         return "error", None, "sent a malformed result: not one value or one error"
     try:
         return "ok", zygote.decode(message["value"]), None
     except (zygote.CodecError, RecursionError, MemoryError) as exc:
-        return "error", None, f"returned data the sandbox cannot accept: {exc}"
+        return "error", None, f"returned data the sandbox cannot accept: {_one_line(str(exc))}"
+    except Exception as exc:  # a decoder gap must cost this candidate, never the campaign
+        reason = f"returned data the sandbox cannot accept: {zygote.one_line(exc)}"
+        return "error", None, _one_line(reason)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line of at most `limit` characters, as storable text: a lone surrogate
+    (which a candidate can put in an exception message) becomes U+FFFD."""
+    line = " ".join(text[: 4 * limit].split())  # cut first: a 60 MB message is not split whole
+    line = _LONE_SURROGATE.sub("\ufffd", line)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _storable(text: str) -> str:
+    return _LONE_SURROGATE.sub("\ufffd", text)

@@ -54,7 +54,12 @@ ARRAY = "__ndarray__"  # {"__ndarray__": [dtype.str, shape, base64 of the C-orde
 COMPLEX = "__complex__"  # {"__complex__": [real, imag]}
 MAX_DEPTH = 100
 MAX_INT_BITS = 13_000  # about 3,900 digits: Python refuses to parse ints longer than 4,300
+# Values in one message (an array counts as one). Bounds what decoding costs the trusted process:
+# a million small values are ~100 MB of Python objects, where 60 MB of "[]," would be 6 GB.
+MAX_VALUES = 1_000_000
+MAX_DIMENSION = 1 << 40  # per array axis; any larger is a lie about an array that fits in memory
 _NUMERIC_DTYPE = re.compile(r"[<>|=]?[biufc][0-9]{1,2}")  # never object, string or structured
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # not Unicode text: no UTF-8, no database
 
 
 class CodecError(ValueError):
@@ -71,12 +76,18 @@ def encode(value: Any, max_bytes: int | None = None) -> Any:
     With `max_bytes`, stop early (TooLarge) once the JSON text is sure to be longer: encoding a
     huge array only to reject it could take longer than the candidate's whole time limit.
     """
-    return _encode(value, "", 0, [max_bytes if max_bytes is not None else 1 << 62])
+    return _encode(value, "", 0, [max_bytes if max_bytes is not None else 1 << 62, MAX_VALUES])
 
 
 def decode(value: Any) -> Any:
     """Inverse of `encode` for parsed JSON; strict, because the bytes may come from a candidate."""
-    return _decode(value, "", 0)
+    return _decode(value, "", 0, [MAX_VALUES])
+
+
+def structure_count(text: bytes) -> int:
+    """An upper bound on the values JSON `text` parses into (each value but the first follows a
+    comma or opens a container), cheap enough to check before parsing untrusted bytes."""
+    return text.count(b",") + text.count(b"[") + text.count(b"{") + 1
 
 
 def _at(where: str) -> str:
@@ -93,11 +104,25 @@ def _spend(budget: list[int], size: int) -> None:
         raise TooLarge("a value too large to send")
 
 
+def _count(budget: list[int]) -> None:
+    budget[-1] -= 1
+    if budget[-1] < 0:
+        raise CodecError(f"more than {MAX_VALUES:,} values")
+
+
+def _check_text(text: str, where: str) -> None:
+    if _LONE_SURROGATE.search(text):
+        raise CodecError(f"a string that is not valid Unicode (a lone surrogate){_at(where)}")
+
+
 def _encode(value: Any, where: str, depth: int, budget: list[int]) -> Any:
     if depth > MAX_DEPTH:
         raise CodecError(f"a value nested deeper than {MAX_DEPTH} levels{_at(where)}")
     kind = type(value)
     _spend(budget, len(value) + 2 if kind is str else 1)
+    _count(budget)
+    if kind is str:
+        _check_text(value, where)
     if value is None or kind is bool or kind is str or kind is float:
         return value
     if kind is int:
@@ -122,6 +147,7 @@ def _encode(value: Any, where: str, depth: int, budget: list[int]) -> Any:
                 raise CodecError(f"a dict key that is not a string ({name}){_at(where)}")
             if _is_marker(key):
                 raise CodecError(f"the reserved dict key {key!r}{_at(where)}")
+            _check_text(key, where)
             _spend(budget, len(key) + 3)
             encoded[str(key)] = _encode(item, f"{where}[{key!r}]", depth + 1, budget)
         return encoded
@@ -148,19 +174,28 @@ def _encode_numpy(np: Any, value: Any, where: str, budget: list[int]) -> Any:
     return {ARRAY: [little.str, list(value.shape), base64.b64encode(data).decode("ascii")]}
 
 
-def _decode(value: Any, where: str, depth: int) -> Any:
+def _decode(value: Any, where: str, depth: int, budget: list[int]) -> Any:
     if depth > MAX_DEPTH:
         raise CodecError(f"a value nested deeper than {MAX_DEPTH} levels{_at(where)}")
+    _count(budget)
     kind = type(value)
+    if kind is str:
+        _check_text(value, where)
+    elif kind is int and value.bit_length() > MAX_INT_BITS:
+        raise CodecError(f"an integer with more than {MAX_INT_BITS} bits{_at(where)}")
     if value is None or kind in (bool, int, float, str):
         return value
     if kind is list:
-        return [_decode(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
+        return [_decode(item, f"{where}[{i}]", depth + 1, budget) for i, item in enumerate(value)]
     if kind is not dict:
         raise CodecError(f"an unexpected {kind.__name__}{_at(where)}")
     markers = [key for key in value if _is_marker(key)]
     if not markers:
-        return {key: _decode(item, f"{where}[{key!r}]", depth + 1) for key, item in value.items()}
+        decoded = {}
+        for key, item in value.items():
+            _check_text(key, where)
+            decoded[key] = _decode(item, f"{where}[{key!r}]", depth + 1, budget)
+        return decoded
     if len(value) != 1:
         raise CodecError(f"the marker {markers[0]!r} beside other keys{_at(where)}")
     if ARRAY in value:
@@ -173,7 +208,10 @@ def _decode(value: Any, where: str, depth: int) -> Any:
             or not all(type(part) in (int, float) for part in parts)
         ):
             raise CodecError(f"a malformed complex number{_at(where)}")
-        return complex(parts[0], parts[1])
+        try:  # an int part may be too large for a float
+            return complex(float(parts[0]), float(parts[1]))
+        except OverflowError:
+            raise CodecError(f"a complex number too large for floats{_at(where)}") from None
     raise CodecError(f"the unknown marker {markers[0]!r}{_at(where)}")
 
 
@@ -192,7 +230,7 @@ def _decode_array(spec: Any, where: str) -> Any:
     if (
         type(shape) is not list
         or len(shape) > 32
-        or not all(type(n) is int and n >= 0 for n in shape)
+        or not all(type(n) is int and 0 <= n < MAX_DIMENSION for n in shape)
     ):
         raise CodecError(f"an array with a malformed shape{_at(where)}")
     if type(data) is not str:
@@ -206,8 +244,12 @@ def _decode_array(spec: Any, where: str) -> Any:
             f"an array whose {len(raw)} bytes do not fit shape {tuple(shape)} and dtype {dtype}"
             f"{_at(where)}"
         )
+    try:  # numpy refuses some empty shapes whose product of the other axes overflows
+        array = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    except ValueError:
+        raise CodecError(f"an array of impossible shape {tuple(shape)}{_at(where)}") from None
     # astype copies: the result is writable, owns its memory and has native byte order
-    return np.frombuffer(raw, dtype=dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    return array.astype(dtype.newbyteorder("="))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,6 +296,7 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
 _CAPABILITY_VERSION_3 = 0x20080522
 
@@ -297,6 +340,183 @@ def _drop_capabilities() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Control groups, prepared by the harness (`harness/confinement.py`): the files are opened once,
+# before the file system is locked, and each candidate moves itself in before anything else.
+
+
+class _ControlGroups:
+    def __init__(self, paths: dict[str, Any], isolation: list[str], warnings: list[str]) -> None:
+        self.paths, self.isolation, self.warnings = paths, isolation, warnings
+        self.procs: list[int] = []
+        self.memory_limit = self.pids_limit = self.memory_events = None
+        self.armed: dict[int, int] = {}  # fd -> the value written last
+
+    def open(self) -> None:
+        try:
+            self.procs = [
+                os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in self.paths.get("procs", ())
+            ]
+            for name in ("memory_limit", "pids_limit"):
+                if name in self.paths:
+                    setattr(self, name, os.open(self.paths[name], os.O_WRONLY | os.O_CLOEXEC))
+            if "memory_events" in self.paths:
+                self.memory_events = os.open(
+                    self.paths["memory_events"], os.O_RDONLY | os.O_CLOEXEC
+                )
+        except OSError as exc:
+            self.procs = []
+            self.warnings.append(f"shared memory not counted: control group unusable: {exc}")
+            return
+        if self.memory_limit is not None:
+            self.isolation.append("memory-cgroup")
+        if self.pids_limit is not None:
+            self.isolation.append("pids-cgroup")
+
+    def arm(self, limits: dict[str, Any], warnings: list[str]) -> None:
+        """Set this evaluation's limits (the last candidate's processes are all gone)."""
+        for fd, value in (
+            (self.memory_limit, limits["memory_mb"] << 20),
+            (self.pids_limit, limits["max_processes"]),
+        ):
+            if fd is None or self.armed.get(fd) == value:
+                continue
+            try:
+                os.write(fd, str(value).encode())
+                self.armed[fd] = value
+            except OSError as exc:
+                self.armed.pop(fd, None)
+                warnings.append(f"control group limit {value} not set: {exc.strerror}")
+
+    def join(self) -> None:
+        for fd in self.procs:
+            os.write(fd, b"0")  # 0: the writing process itself, in v1 and v2 alike
+
+    def oom_kills(self) -> int:
+        """How many processes the memory limit has killed in this slot's group so far."""
+        if self.memory_events is None:
+            return 0
+        try:
+            text = os.pread(self.memory_events, 4096, 0).decode()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# A seccomp filter through libseccomp (the maintained library, called with ctypes so that the
+# fork server stays standard-library Python). Everything is allowed but what no scored program
+# needs and a hostile one could use against the host or other candidates.
+
+SCMP_ACT_KILL_PROCESS = 0x80000000
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_ERRNO = 0x00050000  # | errno
+SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 4, 7
+SCMP_FLTATR_CTL_TSYNC = 4
+AF_UNIX = 1
+FORBIDDEN_CALLS = (
+    # namespaces, mounts and the root directory
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig",
+    "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
+    # kernel keyrings, which outlive the process
+    "keyctl", "add_key", "request_key",
+    # other processes' memory, and kernel interfaces with a record of exploits
+    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "bpf",
+    "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "open_by_handle_at", "name_to_handle_at",
+    # administering the machine
+    "kexec_load", "kexec_file_load", "reboot", "init_module", "finit_module", "delete_module",
+    "swapon", "swapoff", "acct", "quotactl", "syslog", "settimeofday", "clock_settime",
+    "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "iopl", "ioperm", "vhangup",
+)  # fmt: skip
+NAMESPACE_FLAGS = (
+    CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+    | 0x02000000  # CLONE_NEWCGROUP
+)  # fmt: skip
+SECCOMP_REASON = (
+    "made a system call the sandbox forbids (seccomp: namespaces, mounts, keyrings, ptrace,"
+    " bpf, perf events, io_uring or machine administration)"
+)
+
+
+class _ArgCompare(ctypes.Structure):
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
+
+
+class _Seccomp:
+    """The filter, built in the zygote; each candidate installs it on itself."""
+
+    def __init__(self, library: ctypes.CDLL, context: int) -> None:
+        self.library, self.context = library, context
+
+    @classmethod
+    def load(cls, warnings: list[str]) -> _Seccomp | None:
+        try:
+            library = ctypes.CDLL("libseccomp.so.2", use_errno=True)
+        except OSError:
+            warnings.append("no seccomp filter: libseccomp.so.2 is not installed")
+            return None
+        library.seccomp_init.restype = ctypes.c_void_p
+        library.seccomp_init.argtypes = [ctypes.c_uint32]
+        library.seccomp_rule_add_array.argtypes = [
+            ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
+            ctypes.POINTER(_ArgCompare),
+        ]  # fmt: skip
+        library.seccomp_attr_set.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
+        library.seccomp_load.argtypes = [ctypes.c_void_p]
+        library.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+        context = library.seccomp_init(SCMP_ACT_ALLOW)
+        if not context:
+            warnings.append("no seccomp filter: seccomp_init failed")
+            return None
+        try:
+            cls._rules(library, context)
+        except OSError as exc:
+            warnings.append(f"no seccomp filter: {exc}")
+            return None
+        return cls(library, context)
+
+    @staticmethod
+    def _rules(library: ctypes.CDLL, context: int) -> None:
+        def add(action: int, name: str, *compare: tuple[int, int, int, int]) -> None:
+            number = library.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:
+                return  # not a system call on this architecture
+            array = (_ArgCompare * max(1, len(compare)))(*[_ArgCompare(*c) for c in compare])
+            result = library.seccomp_rule_add_array(context, action, number, len(compare), array)
+            if result < 0:
+                raise OSError(-result, f"seccomp rule for {name}: {os.strerror(-result)}")
+
+        for name in FORBIDDEN_CALLS:
+            add(SCMP_ACT_KILL_PROCESS, name)
+        for bit in range(32):  # one rule per flag: a rule matches a masked value exactly
+            if NAMESPACE_FLAGS & (1 << bit):
+                add(SCMP_ACT_KILL_PROCESS, "clone", (0, SCMP_CMP_MASKED_EQ, 1 << bit, 1 << bit))
+        # clone3 passes its flags in memory, where a filter cannot look: "not implemented" makes
+        # the C library fall back to clone, whose flags it can
+        add(SCMP_ERRNO | errno.ENOSYS, "clone3")
+        # a Unix socket could reach a daemon's socket file; a refusal (not a kill) because the C
+        # library tries one for user look-ups (nscd) and falls back to /etc/passwd
+        add(SCMP_ERRNO | errno.EACCES, "socket", (0, SCMP_CMP_EQ, AF_UNIX, 0))
+        result = library.seccomp_attr_set(context, SCMP_FLTATR_CTL_TSYNC, 1)  # every thread
+        if result < 0:
+            raise OSError(-result, f"seccomp_attr_set: {os.strerror(-result)}")
+
+    def install(self) -> None:
+        result = self.library.seccomp_load(self.context)
+        if result < 0:
+            raise OSError(-result, f"seccomp_load failed: {os.strerror(-result)}")
+
+
+# ---------------------------------------------------------------------------------------------
 # The zygote.
 
 _TMPFS_LAYOUT = ("/var/tmp", "/dev/shm")  # bind-mounted from the private /tmp, sharing its size
@@ -310,7 +530,8 @@ class Zygote:
         self.root = os.geteuid() == 0
         self.uid: int | None = config["uid"] if self.root else None
         self.isolation: list[str] = []
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(config.get("warnings", ()))
+        self.cgroup = _ControlGroups(config.get("cgroup") or {}, self.isolation, self.warnings)
         self.namespaces: bool = config["namespaces"]
         self.user_ns = self.net_ns = self.mount_ns = self.pid_ns = False
         if self.namespaces:
@@ -322,8 +543,10 @@ class Zygote:
         self.host_pid = int(os.readlink("/proc/self"))  # our pid as the harness sees it
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a candidate come to us, not to init
         self.pid_ns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.cgroup.open()
         if self.mount_ns:
             self._lock_filesystem()
+        self.seccomp = _Seccomp.load(self.warnings)
         for name in config["preload"]:
             try:
                 importlib.import_module(name)
@@ -414,6 +637,10 @@ class Zygote:
                 self.warnings.append(f"host processes visible in /proc: {exc.strerror}")
         if self.uid is not None:
             self._expose_python()
+        if os.path.isdir("/sys/fs/cgroup"):
+            # candidates have no use for it, and our open control files keep working on a
+            # detached mount, where no read-only remount below can be refused for them
+            _libc().umount2(b"/sys/fs/cgroup", MNT_DETACH)
         failed = []
         for target, options in _mount_points():
             if "ro" in options:
@@ -478,6 +705,8 @@ class Zygote:
         result_read, result_write = os.pipe()
         host_workdir = None if self.mount_ns else self._host_workdir()
         try:
+            self.cgroup.arm(limits, warnings)
+            oom_kills = self.cgroup.oom_kills()
             pid_ns = self._fresh_pid_namespace(warnings)
             if pid_ns:
                 isolation.append("pid-namespace")
@@ -515,6 +744,8 @@ class Zygote:
                 header["signal"] = os.WTERMSIG(status)
             else:
                 header["code"] = os.WEXITSTATUS(status)
+            if self.cgroup.oom_kills() > oom_kills:
+                header["memory_exceeded"] = True
             payload = _split_setup(received, header, isolation, warnings)
             header["isolation"], header["warnings"] = isolation, warnings
             if end == "exited" and len(payload) > limits["result_mb"] << 20:
@@ -793,6 +1024,7 @@ class Candidate:
         self, stdout: int, stderr: int, result: int, workdir: str | None, pid_ns: bool
     ) -> NoReturn:
         try:
+            self.zygote.cgroup.join()  # first: all it allocates from here on is counted
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             os.setsid()  # its own process group, which the zygote kills as a whole
             if workdir is None:
@@ -801,6 +1033,12 @@ class Candidate:
             result = _arrange_fds(stdout, stderr, result)
             self._drop_privileges()
             self._prepare_interpreter(workdir)
+            if self.zygote.seccomp is not None:
+                try:
+                    self.zygote.seccomp.install()
+                    self.isolation.append("seccomp")
+                except OSError as exc:
+                    self.warnings.append(f"no seccomp filter: {exc}")
             setup: dict[str, Any] = {"isolation": self.isolation, "warnings": self.warnings}
         except BaseException as exc:
             setup = {"fatal": one_line(exc)}
@@ -878,6 +1116,8 @@ class Candidate:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_mb"] << 20,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        # each open file can pin memory (a memfd, a pipe's buffers) that RLIMIT_AS never sees
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"],) * 2)
         if self.zygote.uid is not None or self.zygote.user_ns:
             # counted per uid, so only meaningful when the candidate has a uid of its own
             resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"],) * 2)
@@ -982,7 +1222,7 @@ def _arrange_fds(stdout: int, stderr: int, result: int) -> int:
     os.dup2(stdout, 1)
     os.dup2(stderr, 2)
     os.dup2(result, 3)
-    os.closerange(4, os.sysconf("SC_OPEN_MAX"))
+    os.closerange(4, 1 << 30)  # not SC_OPEN_MAX: RLIMIT_NOFILE was lowered below open fds' numbers
     return 3
 
 

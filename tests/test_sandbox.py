@@ -31,7 +31,8 @@ from hypothesis.extra import numpy as hnp
 
 from harness import zygote
 from harness.errors import UserError
-from harness.sandbox import UID_BASE, Call, Limits, Outcome, Sandbox
+from harness.confinement import UID_COUNT, UID_FIRST
+from harness.sandbox import Call, Limits, Outcome, Sandbox
 
 PROJECT = Path(__file__).resolve().parents[1]
 ROOT = os.geteuid() == 0
@@ -68,7 +69,7 @@ def _candidate_processes() -> list[str]:
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
         except (OSError, ValueError):
             continue
-        if UID_BASE <= int(fields["Uid"].split()[0]) < UID_BASE + 1000:
+        if UID_FIRST <= int(fields["Uid"].split()[0]) < UID_FIRST + UID_COUNT:
             found.append(f"{status.parent.name} {fields['Name'].strip()}")
     return found
 
@@ -469,7 +470,7 @@ def test_cannot_kill_the_harness_or_the_workers(sandbox: Sandbox) -> None:
 def test_runs_as_an_unprivileged_uid(sandbox: Sandbox) -> None:
     outcome = run(sandbox, "import os\ndef f(): return [os.getuid(), os.geteuid(), os.getgroups()]")
     uid = outcome.value[0]
-    assert UID_BASE <= uid < UID_BASE + sandbox.workers
+    assert UID_FIRST <= uid < UID_FIRST + UID_COUNT
     assert outcome.value == [uid, uid, []]
     assert f"uid={uid}" in outcome.isolation
 
