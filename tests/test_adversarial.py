@@ -60,6 +60,16 @@ ATTACKS = [
     "import threading\nfor _ in range(10000):\n    threading.Thread(target=lambda: None).start()",
     "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True:\n    pass",
     "def g():\n    yield 1",
+    # issue 13's classes: text that cannot be stored, forged result bytes, memory RLIMIT_AS does
+    # not see, system calls past the candidate's own process
+    "raise ValueError('lone \\ud800 surrogate')",
+    "import os\nos.write(1, b'\\xed\\xa0\\x80')\nos.write(3, b'{\"value\": "
+    '{"__ndarray__": ["<f8", [0, 4611686018427387904], ""]}}\')\nos._exit(0)',
+    "import os\nos.write(3, b'{\"value\": {\"__complex__\": [1' + b'0' * 400 + b', 0]}}')"
+    "\nos._exit(0)",
+    "import os\nfds = [os.memfd_create('x') for _ in range(20)]\n"
+    "for fd in fds:\n    os.ftruncate(fd, 60 << 20)\n    os.pwrite(fd, b'x' * (60 << 20), 0)",
+    "import ctypes\nctypes.CDLL(None).unshare(0x10000000)",
 ]
 
 
@@ -153,6 +163,11 @@ def test_a_thousand_hostile_completions(tmp_path: Path) -> None:
     failed = [p for p in programs if p.status != "ok"]
     assert len(failed) >= len(ATTACKS)  # the attacks ran, and failed
     assert all(p.error for p in failed)
+    reasons = " | ".join(p.error for p in failed)
+    for words in ("\ufffd surrogate", "cannot accept", "seccomp"):
+        assert words in reasons, words
+    if os.geteuid() == 0 and os.path.isdir("/sys/fs/cgroup/memory"):
+        assert "memory limit exceeded" in reasons
     assert not Path("/tmp/vpo-pwned").exists() or Path("/tmp/vpo-pwned").stat().st_size == 0
     # Memory and open files flat after warm-up: a quarter of the way in vs the end.
     early = samples[ITERATIONS // 4]

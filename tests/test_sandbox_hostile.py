@@ -468,3 +468,31 @@ def test_isolation_is_reported_in_json(sandbox: Sandbox) -> None:
     if ROOT:
         expected = {"seccomp", "no-new-privs", "pid-namespace", "net-namespace"}
         assert expected <= set(outcome.isolation)
+
+
+# --- through the command a user runs ---------------------------------------------------------
+
+HOSTILE_PROGRAMS = {
+    "forged shape": forged(b'{"value": {"__ndarray__": ["<f8", [0, 4611686018427387904], ""]}}'),
+    "forged complex": forged(b'{"value": {"__complex__": [1' + b"0" * 400 + b", 0]}}"),
+    "surrogate": "def construct_packing(n, container='square'):\n    raise ValueError('\\udc80')\n",
+    "memfd": MEMFD_HOG.replace("def f():", "def construct_packing(n, container='square'):"),
+    "seccomp": "import ctypes\nctypes.CDLL(None).unshare(0x10000000)\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_PROGRAMS))
+def test_vpo_eval_survives_a_hostile_program(tmp_path: Path, name: str) -> None:
+    program = tmp_path / "candidate.py"
+    program.write_text(HOSTILE_PROGRAMS[name].replace("def f():", "def construct_packing(n):"))
+    for extra in (["--json"], []):
+        result = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "eval", "circle_packing", str(program), *extra],
+            capture_output=True,
+            timeout=300,
+        )
+        assert result.returncode == 1, result.stderr.decode(errors="replace")[-2000:]
+        assert b"Traceback" not in result.stderr
+        text = result.stdout.decode("utf-8")  # strict: what it prints is valid UTF-8
+        if extra:
+            assert json.loads(text)["status"] == "error"
