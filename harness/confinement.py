@@ -52,7 +52,8 @@ class Slot:
 def claim_slots(count: int) -> list[Slot]:
     """`count` slots, each with a uid of its own and, where the host allows, control groups."""
     if os.geteuid() != 0:
-        return [Slot(None) for _ in range(count)]
+        warning = "shared memory not counted against the memory limit: control groups need root"
+        return [Slot(None, warnings=[warning]) for _ in range(count)]
     slots: list[Slot] = []
     hierarchies = _hierarchies()
     try:

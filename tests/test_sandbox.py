@@ -544,8 +544,10 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     if "user-namespace" not in result.stdout:
         pytest.skip(f"user namespaces are not allowed here: {result.stdout}")
     assert result.stdout.startswith("ok [1, 65534]")
-    for kind in ("net-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem"):
+    kinds = ("net-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem", "seccomp")
+    for kind in kinds:
         assert kind in result.stdout
+    assert "control groups need root" in result.stdout  # said, not silently missing
 
 
 def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess[str]:
