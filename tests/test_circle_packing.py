@@ -156,9 +156,14 @@ def test_rectangle_perimeter_is_checked_exactly() -> None:
     wider = [[[r, r], [3 * r + 1e-9, r]], [r, r]]
     with pytest.raises(Infeasible, match="perimeter"):
         check_rectangle_packing(wider, 2)
-    # Where the box sits does not matter, only its size.
-    moved = [[[r + 5, r - 7], [3 * r + 5, r - 7]], [r, r]]
-    assert check_rectangle_packing(moved, 2) == pytest.approx(2 / 3)
+    # Where the box sits does not matter, only its size. The move must itself be exact: r + 5
+    # and r - 7 round in float64, which makes that box 2.2e-16 too large (tests/
+    # test_scorer_hostile.py), so this uses radii 1/4 and 3/8, tight (w + h = 1.25 + 0.75)
+    # and dyadic, which any of these moves keeps exact.
+    a, b = 0.25, 0.375
+    for dx, dy in [(0, 0), (5, -7), (-1e6, 2**40)]:
+        tight = [[[a + dx, b + dy], [2 * a + b + dx, b + dy]], [a, b]]
+        assert check_rectangle_packing(tight, 2) == a + b
 
 
 def test_the_rectangle_is_its_own_call() -> None:

@@ -23,17 +23,23 @@ Verifiers recompute everything from the returned heights. They refuse what Alpha
 saw candidates exploit in naive scorers: negative heights where the inequality forbids them,
 values so small they underflow (heights are rescaled by an exact power of two first, so scale
 cannot matter), NaN and infinity, complex numbers, and an Erdős function whose sum is not N/2
-(it is rescaled to N/2 and must then still lie in [0, 1]). Sums use math.fsum.
+(it is rescaled to N/2 and must then still lie in [0, 1], decided in exact arithmetic so that
+no rounding lets a height of 1 + 1e-17 through). Booleans, integers beyond 2^53 and more than
+MAX_STEPS heights are refused before anything is computed. Sums use math.fsum; the values
+themselves are float64 computations (a convolution of 50k steps in exact arithmetic would not
+fit the time a verifier has).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from problems import exact
 from problems.api import Anchor, Call, Infeasible, Objective, Problem
 
 # The verifier convolves directly (no FFT rounding): 50k steps took 0.24 s on a 2-core CPU.
@@ -94,22 +100,20 @@ def construct(kind):
 def heights(value: Any, *, allow_negative: bool) -> np.ndarray:
     """The returned heights as float64, checked, and rescaled by an exact power of two so that
     the largest magnitude lies in [0.5, 1): no later sum or product can underflow."""
-    if isinstance(value, np.ndarray):
-        array = value
-    elif isinstance(value, list | tuple):
-        try:
-            array = np.array(value)
-        except ValueError as exc:
-            raise Infeasible(f"heights are not a flat list of numbers: {exc}") from None
-    else:
+    if not isinstance(value, np.ndarray | list | tuple):
         raise Infeasible(f"expected a list of heights, got {type(value).__name__}")
-    if array.dtype.kind not in "iuf":
-        raise Infeasible(f"heights must be real numbers, got dtype {array.dtype}")
+    too_many = f"expected 1 to {MAX_STEPS} heights in a flat list, got more"
+    # Length before anything that walks the items: a list of 10^7 numbers is refused at once.
+    if isinstance(value, list | tuple):
+        if len(value) > MAX_STEPS:
+            raise Infeasible(too_many)
+        if any(isinstance(item, list | tuple | np.ndarray) for item in value):
+            raise Infeasible("heights are not a flat list of numbers (found a nested list)")
+    array = exact.real_array(value, "heights", MAX_STEPS, too_many)
     if array.ndim != 1 or not 1 <= len(array) <= MAX_STEPS:
         raise Infeasible(
             f"expected 1 to {MAX_STEPS} heights in a flat list, got shape {array.shape}"
         )
-    array = array.astype(np.float64)
     if not np.isfinite(array).all():
         raise Infeasible("heights must be finite (found NaN or infinity)")
     if not allow_negative and (array < 0).any():
@@ -147,13 +151,17 @@ def third_autocorrelation(value: Any) -> float:
 def minimum_overlap(value: Any) -> float:
     h = heights(value, allow_negative=False)
     n = len(h)
-    h = h * ((n / 2) / math.fsum(h.tolist()))
-    if (h > 1.0).any():
-        i = int(np.argmax(h))
+    # Rescaled to sum N/2, height i is h_i N / (2 sum h): it stays <= 1 exactly when
+    # h_i N <= 2 sum h, decided in exact integers (the rescaling below rounds, so it cannot).
+    whole, _ = exact.integers(h.tolist())
+    i = int(np.argmax(h))
+    if whole[i] * n > 2 * sum(whole):
+        scaled = Fraction(whole[i] * n, 2 * sum(whole))
         raise Infeasible(
-            f"scaled to sum N/2 = {n / 2:g}, height {i} is {h[i]:.6g} > 1; "
+            f"scaled to sum N/2 = {n / 2:g}, height {i} is 1 + {float(scaled - 1):.3g} > 1; "
             "h must stay within [0, 1] with integral 1"
         )
+    h = np.minimum(h * ((n / 2) / math.fsum(h.tolist())), 1.0)
     return float(np.correlate(h, 1.0 - h, mode="full").max()) * 2 / n
 
 

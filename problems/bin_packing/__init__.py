@@ -114,23 +114,42 @@ def lower_bound(capacity: int, items: list[int]) -> int:
 def bins_used(assignment: Any, capacity: int, items: list[int], where: str) -> int:
     """Bins a returned assignment (bin index per item) uses; Infeasible unless it is a packing
     of every item with no bin over capacity."""
-    if not isinstance(assignment, list | tuple | np.ndarray):
-        raise Infeasible(f"{where}: expected a bin index per item, got {type(assignment).__name__}")
-    try:
-        bins = np.asarray(assignment)
-    except ValueError:
-        raise Infeasible(f"{where}: the assignment is not a flat list of bin indices") from None
-    if bins.dtype.kind not in "iu" or bins.shape != (len(items),):
-        raise Infeasible(
-            f"{where}: expected {len(items)} integer bin indices, got {bins.dtype} {bins.shape}"
-        )
+    count = len(items)
+    bins = _bin_indices(assignment, count, where)
     if (bins < 0).any():
         raise Infeasible(f"{where}: a bin index is negative")
-    loads = np.bincount(bins, weights=np.asarray(items, dtype=np.int64))
+    # n items never need more than n bins, and an index the driver could not have produced
+    # would make bincount below allocate one counter per bin up to it (10^12 of them).
+    if (bins >= count).any():
+        b = int(bins[np.flatnonzero(bins >= count)[0]])
+        raise Infeasible(f"{where}: bin index {b} is beyond the {count} bins {count} items need")
+    loads = np.bincount(bins, weights=np.asarray(items, dtype=np.int64), minlength=count)
     if (loads > capacity).any():
         b = int(np.argmax(loads))
         raise Infeasible(f"{where}: bin {b} holds {int(loads[b])} > capacity {capacity}")
     return int(np.count_nonzero(loads))
+
+
+def _bin_indices(assignment: Any, count: int, where: str) -> np.ndarray:
+    """The assignment as int64, read strictly: exactly `count` integers (bool, float or an
+    integer beyond int64 refused), checked by length before anything walks its items."""
+    expected = f"{where}: expected {count} integer bin indices"
+    if isinstance(assignment, np.ndarray):
+        if assignment.dtype.kind not in "iu" or assignment.shape != (count,):
+            raise Infeasible(f"{expected}, got {assignment.dtype} {assignment.shape}")
+        if count and assignment.max() > np.iinfo(np.int64).max:  # uint64: would wrap negative
+            raise Infeasible(f"{where}: a bin index is beyond int64")
+        return assignment.astype(np.int64)
+    if not isinstance(assignment, list | tuple):
+        raise Infeasible(f"{where}: expected a bin index per item, got {type(assignment).__name__}")
+    if len(assignment) != count:
+        raise Infeasible(f"{expected}, got {len(assignment)} values")
+    for b in assignment:
+        if type(b) is not int:  # exactly int: True is no bin index, nor is 1.0
+            raise Infeasible(f"{expected}, got a {type(b).__name__}")
+        if not -(2**63) <= b < 2**63:
+            raise Infeasible(f"{where}: a bin index is beyond int64")
+    return np.array(assignment, dtype=np.int64)
 
 
 def family_value(key: str, assignments: Any) -> float:

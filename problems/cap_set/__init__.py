@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from problems import exact
 from problems.api import Anchor, Call, Infeasible, Objective, Problem
 
 DIMENSIONS = range(3, 10)
@@ -72,20 +73,15 @@ def _vectors(n: int) -> np.ndarray:
 
 def greedy_cap(priorities: Any, n: int) -> list[int]:
     """Indices (lexicographic, base 3) of the cap the fixed greedy builds from `priorities`."""
-    if isinstance(priorities, np.ndarray):
-        values = priorities
-    elif isinstance(priorities, list | tuple):
-        try:
-            values = np.array(priorities)
-        except ValueError as exc:
-            raise Infeasible(f"priorities are not a flat list of numbers: {exc}") from None
-    else:
+    if not isinstance(priorities, np.ndarray | list | tuple):
         raise Infeasible(f"expected a list of priorities, got {type(priorities).__name__}")
-    if values.dtype.kind not in "iuf":
-        raise Infeasible(f"priorities must be real numbers, got dtype {values.dtype}")
-    if values.shape != (3**n,):
-        raise Infeasible(f"expected {3**n} priorities, got shape {values.shape}")
-    values = values.astype(np.float64)
+    count = 3**n
+    # Sized before anything walks it; every priority exactly the number returned.
+    values = exact.real_array(
+        priorities, "priorities", count, f"expected {count} priorities, got more"
+    )
+    if values.shape != (count,):
+        raise Infeasible(f"expected {count} priorities, got shape {values.shape}")
     if not np.isfinite(values).all():
         i = int(np.flatnonzero(~np.isfinite(values))[0])
         raise Infeasible(f"priority of vector {i} is not finite ({values[i]})")

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
+from problems import exact
 from problems.api import Anchor, Call, Infeasible, Objective, Problem
 
 SOURCE_AE = "AlphaEvolve, Novikov et al., arXiv 2506.13131, Appendix B.12-B.13"
@@ -47,11 +49,13 @@ counts.
 The check is exact, with no tolerance: every radius is finite and >= 0; for every pair of
 circles the distance between centres is >= r_i + r_j; in the square, for every circle
 r <= x <= 1 - r and r <= y <= 1 - r; for the rectangle, the circles' bounding box (from the
-smallest x - r to the largest x + r, and the same in y) has width + height <= 2. Everything is
-computed in float64. Rounding counts: circles that touch exactly in theory can overlap by 1e-17
-in floating point, so leave a tiny margin (1e-12 is plenty). A construction that breaks any rule
-scores 0 for that call. The score for each call is the sum of radii divided by the best known
-sum (2.63598308 for n = 26, 2.9379445 for n = 32, 2.3658321 for the rectangle).
+smallest x - r to the largest x + r, and the same in y) has width + height <= 2. These are
+checked in exact arithmetic on the float64 numbers you return, without any rounding, wherever
+the circles are. Rounding still counts: circles that touch exactly in theory can overlap by
+1e-17 once their coordinates are rounded to float64, so leave a tiny margin (1e-12 is plenty).
+A construction that breaks any rule scores 0 for that call. The score for each call is the sum
+of radii divided by the best known sum (2.63598308 for n = 26, 2.9379445 for n = 32, 2.3658321
+for the rectangle).
 """
 
 SEED_PROGRAM = '''\
@@ -74,45 +78,80 @@ def construct_packing(n, container="square"):
 def check_packing(value: Any, n: int) -> float:
     """The sum of radii of a valid packing of n circles in the unit square; Infeasible otherwise."""
     centers, radii = _unpack(value, n)
-    lower = centers - radii[:, None]
-    upper = centers + radii[:, None]
-    if (lower < 0.0).any() or (upper > 1.0).any():
-        i = int(np.flatnonzero((lower < 0.0).any(axis=1) | (upper > 1.0).any(axis=1))[0])
-        raise Infeasible(f"circle {i} is not inside the unit square")
-    _check_disjoint(centers, radii)
-    return math.fsum(radii.tolist())
+    xs, ys, rs, one = _exact(centers, radii)
+    for i, (x, y, r) in enumerate(zip(xs, ys, rs, strict=True)):
+        if x - r < 0 or y - r < 0 or x + r > one or y + r > one:
+            raise Infeasible(f"circle {i} is not inside the unit square")
+    _check_disjoint(xs, ys, rs, one)
+    return _sum_down(rs, one)
 
 
 def check_rectangle_packing(value: Any, n: int) -> float:
     """The sum of radii of n disjoint circles whose bounding box has width + height <= 2 (a
     rectangle of perimeter 4); Infeasible otherwise."""
     centers, radii = _unpack(value, n)
-    lower = (centers - radii[:, None]).min(axis=0)
-    upper = (centers + radii[:, None]).max(axis=0)
-    width, height = (upper - lower).tolist()
-    if width + height > 2.0:
+    xs, ys, rs, one = _exact(centers, radii)
+    # Exact integers: near 2**50, where floats are 0.25 apart, x - r computed in float64 would
+    # round back to x and the box would ignore every radius.
+    width = max(x + r for x, r in zip(xs, rs, strict=True)) - min(
+        x - r for x, r in zip(xs, rs, strict=True)
+    )
+    height = max(y + r for y, r in zip(ys, rs, strict=True)) - min(
+        y - r for y, r in zip(ys, rs, strict=True)
+    )
+    if width + height > 2 * one:
+        w, h = float(Fraction(width, one)), float(Fraction(height, one))
         raise Infeasible(
-            f"the circles' bounding box is {width:.9g} x {height:.9g}: perimeter "
-            f"{2 * (width + height):.12g} > 4"
+            f"the circles' bounding box is {w:.9g} x {h:.9g}: perimeter "
+            f"{float(Fraction(2 * (width + height), one)):.12g} > 4"
         )
-    _check_disjoint(centers, radii)
-    return math.fsum(radii.tolist())
+    _check_disjoint(xs, ys, rs, one)
+    return _sum_down(rs, one)
 
 
-def _check_disjoint(centers: np.ndarray, radii: np.ndarray) -> None:
-    i, j = np.triu_indices(len(radii), k=1)
-    gaps = np.hypot(*(centers[i] - centers[j]).T) - (radii[i] + radii[j])
-    if (gaps < 0.0).any():
-        k = int(np.argmin(gaps))
-        raise Infeasible(f"circles {i[k]} and {j[k]} overlap by {-gaps[k]:.3g}")
+def _exact(centers: np.ndarray, radii: np.ndarray) -> tuple[list[int], list[int], list[int], int]:
+    """Centres and radii as exact integers in one unit, and the integer that stands for 1."""
+    values, shift = exact.integers(
+        [*centers[:, 0].tolist(), *centers[:, 1].tolist(), *radii.tolist()]
+    )
+    n = len(radii)
+    return values[:n], values[n : 2 * n], values[2 * n :], 1 << shift
+
+
+def _check_disjoint(xs: list[int], ys: list[int], rs: list[int], one: int) -> None:
+    """Every pair at distance >= r_i + r_j, compared exactly (both sides squared: they are >= 0)."""
+    n = len(rs)
+    for i in range(n):
+        xi, yi, ri = xs[i], ys[i], rs[i]
+        for j in range(i + 1, n):
+            dx, dy, reach = xs[j] - xi, ys[j] - yi, ri + rs[j]
+            squared = dx * dx + dy * dy
+            if squared < reach * reach:
+                # How deep, for the message: (reach^2 - d^2) / (reach + d), the subtraction exact.
+                depth = Fraction(reach * reach - squared, one * one) / (
+                    Fraction(reach, one) + Fraction(math.isqrt(squared), one)
+                )
+                raise Infeasible(f"circles {i} and {j} overlap by {float(depth):.3g}")
+
+
+def _sum_down(rs: list[int], one: int) -> float:
+    # Rounded down: the reported sum is never above the true sum of the returned radii.
+    return exact.float_down(Fraction(sum(rs), one))
 
 
 def _unpack(value: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     # The AlphaEvolve convention also returns a claimed sum; it is ignored, never trusted.
     if not isinstance(value, list) or len(value) not in (2, 3):
         raise Infeasible(f"expected (centers, radii), got {_describe(value)}")
-    centers = _real_array(value[0], "centers")
-    radii = _real_array(value[1], "radii")
+    centers = exact.real_array(
+        value[0],
+        "centers",
+        2 * n,
+        f"centers has more than {2 * n} numbers: expected shape ({n}, 2)",
+    )
+    radii = exact.real_array(
+        value[1], "radii", n, f"radii has more than {n} numbers: expected shape ({n},)"
+    )
     if centers.shape != (n, 2):
         raise Infeasible(f"centers has shape {centers.shape}, expected ({n}, 2)")
     if radii.shape != (n,):
@@ -122,19 +161,6 @@ def _unpack(value: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     if (radii < 0).any():
         raise Infeasible(f"radius {int(np.flatnonzero(radii < 0)[0])} is negative")
     return centers, radii
-
-
-def _real_array(value: Any, what: str) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        array = value
-    else:
-        try:
-            array = np.array(value)
-        except ValueError as exc:  # ragged nested lists
-            raise Infeasible(f"{what} is not a rectangular array: {exc}") from None
-    if array.dtype.kind not in "iuf":
-        raise Infeasible(f"{what} must hold real numbers, got dtype {array.dtype}")
-    return array.astype(np.float64)
 
 
 def _describe(value: Any) -> str:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from itertools import combinations
 from typing import Any
 
 import numpy as np
 
+from problems import exact
 from problems.api import Anchor, Call, Infeasible, Objective, Problem
 
 SOURCE_AE = "AlphaEvolve, Novikov et al., arXiv 2506.13131, Appendix B.9-B.10"
@@ -42,8 +44,9 @@ own process with a time limit of {limit:g} seconds; numpy and scipy are availabl
   area of a triangle formed by three of the points, divided by the area of their convex hull.
   Best known 0.030937 (13 points) and 0.027836 (14 points).
 
-Higher is better. Containment is checked exactly in float64 (y >= 0, sqrt(3) x - y >= 0 and
-sqrt(3) (1 - x) - y >= 0), so keep points a hair (1e-12) inside the edges. Three points on a
+Higher is better. Containment is checked exactly, without rounding, on the float64 numbers you
+return (y >= 0, sqrt(3) x - y >= 0 and sqrt(3) (1 - x) - y >= 0 with the true sqrt(3)), and
+areas are computed exactly too; keep points a hair (1e-12) inside the edges. Three points on a
 line, or two in the same place, make a triangle of area 0: valid, but the value is then 0. The
 score is your value divided by the best known, capped at 1.
 """
@@ -85,46 +88,43 @@ def construct(region, n):
 
 
 def points(value: Any, n: int, dimension: int = 2) -> np.ndarray:
-    """The returned points as an (n, dimension) float64 array, checked."""
-    if isinstance(value, np.ndarray):
-        array = value
-    elif isinstance(value, list | tuple):
-        try:
-            array = np.array(value)
-        except ValueError as exc:
-            raise Infeasible(f"the points are not a rectangular array: {exc}") from None
-    else:
+    """The returned points as an (n, dimension) float64 array, checked (each coordinate exactly
+    the number returned)."""
+    if not isinstance(value, np.ndarray | list | tuple):
         raise Infeasible(f"expected an array of points, got {type(value).__name__}")
-    if array.dtype.kind not in "iuf":
-        raise Infeasible(f"coordinates must be real numbers, got dtype {array.dtype}")
+    too_large = (
+        f"points have more than {n * dimension} coordinates: expected shape ({n}, {dimension})"
+    )
+    array = exact.real_array(value, "coordinates", n * dimension, too_large)
     if array.shape != (n, dimension):
         raise Infeasible(f"points have shape {array.shape}, expected ({n}, {dimension})")
-    array = array.astype(np.float64)
     if not np.isfinite(array).all():
         raise Infeasible("coordinates must be finite (found NaN or infinity)")
     return array
 
 
-def smallest_triangle(p: np.ndarray) -> float:
-    """The smallest area of a triangle with corners among the points; each cross product is six
-    float64 products summed with fsum, so no cancellation between them."""
-    smallest = math.inf
-    for i, j, k in combinations(range(len(p)), 3):
-        (ax, ay), (bx, by), (cx, cy) = p[i], p[j], p[k]
-        twice = math.fsum((bx * cy, -bx * ay, -ax * cy, -by * cx, by * ax, ay * cx))
-        smallest = min(smallest, abs(twice) / 2)
-    return smallest
+def _twice_smallest(xs: list[int], ys: list[int]) -> int:
+    """Twice the smallest area of a triangle with corners among the points, exactly (integers:
+    a rounded cross product could lift three points on a line off it)."""
+    smallest: int | None = None
+    for i, j, k in combinations(range(len(xs)), 3):
+        ux, uy = xs[j] - xs[i], ys[j] - ys[i]
+        vx, vy = xs[k] - xs[i], ys[k] - ys[i]
+        twice = abs(ux * vy - uy * vx)
+        if smallest is None or twice < smallest:
+            smallest = twice
+    return 0 if smallest is None else smallest
 
 
-def hull_area(p: np.ndarray) -> float:
-    """The area of the points' convex hull (monotone chain, then the shoelace with fsum)."""
-    ordered = sorted(map(tuple, p.tolist()))
+def _twice_hull(xs: list[int], ys: list[int]) -> int:
+    """Twice the area of the points' convex hull, exactly (monotone chain, then the shoelace)."""
+    ordered = sorted(set(zip(xs, ys, strict=True)))
 
-    def cross(o: tuple, a: tuple, b: tuple) -> float:
+    def cross(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
         return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
-    def chain(items: list) -> list:
-        out: list = []
+    def chain(items: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
         for q in items:
             while len(out) >= 2 and cross(out[-2], out[-1], q) <= 0:
                 out.pop()
@@ -133,35 +133,55 @@ def hull_area(p: np.ndarray) -> float:
 
     hull = chain(ordered)[:-1] + chain(ordered[::-1])[:-1]
     if len(hull) < 3:
-        return 0.0
-    terms = []
-    for (x1, y1), (x2, y2) in zip(hull, hull[1:] + hull[:1], strict=True):
-        terms += [x1 * y2, -x2 * y1]
-    return abs(math.fsum(terms)) / 2
+        return 0
+    return abs(
+        sum(x1 * y2 - x2 * y1 for (x1, y1), (x2, y2) in zip(hull, hull[1:] + hull[:1], strict=True))
+    )
+
+
+def _integer_points(p: np.ndarray) -> tuple[list[int], list[int], int]:
+    """x and y as exact integers in one unit, and the integer that stands for 1."""
+    values, shift = exact.integers([*p[:, 0].tolist(), *p[:, 1].tolist()])
+    return values[: len(p)], values[len(p) :], 1 << shift
+
+
+def smallest_triangle(p: np.ndarray) -> float:
+    """The smallest area of a triangle with corners among the points (exact, then rounded)."""
+    xs, ys, one = _integer_points(np.asarray(p, dtype=np.float64))
+    return float(Fraction(_twice_smallest(xs, ys), 2 * one * one))
+
+
+def hull_area(p: np.ndarray) -> float:
+    """The area of the points' convex hull (exact, then rounded)."""
+    xs, ys, one = _integer_points(np.asarray(p, dtype=np.float64))
+    return float(Fraction(_twice_hull(xs, ys), 2 * one * one))
 
 
 def in_triangle(value: Any, n: int) -> float:
     p = points(value, n)
-    x, y = p[:, 0], p[:, 1]
-    outside = (y < 0) | (SQRT3 * x - y < 0) | (SQRT3 * (1 - x) - y < 0)
-    if outside.any():
-        i = int(np.flatnonzero(outside)[0])
-        raise Infeasible(f"point {i} ({x[i]:.12g}, {y[i]:.12g}) is outside the triangle")
-    return smallest_triangle(p) / (SQRT3 / 4)
+    xs, ys, one = _integer_points(p)
+    # The true triangle, sqrt(3) irrational: with y >= 0, sqrt(3) x >= y holds exactly when
+    # x >= 0 and 3 x^2 >= y^2, and the same for the right edge with 1 - x. Integers: no rounding.
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if y < 0 or x < 0 or 3 * x * x < y * y or one - x < 0 or 3 * (one - x) ** 2 < y * y:
+            raise Infeasible(f"point {i} ({p[i, 0]:.12g}, {p[i, 1]:.12g}) is outside the triangle")
+    # Smallest area over the container's sqrt(3)/4: sqrt(4 T^2 / 3) with T twice the smallest
+    # area in true units, rounded down so the value never exceeds what the points achieve.
+    twice = Fraction(_twice_smallest(xs, ys), one * one)
+    return exact.sqrt_down(4 * twice * twice / 3)
 
 
 def in_convex_position(value: Any, n: int) -> float:
     p = points(value, n)
     if (p == p[0]).all():
         raise Infeasible("all points are in the same place")
-    # Area ratios do not change under moves and scaling: centre the points and bring them near
-    # unit size by an exact power of two, so no product below can overflow or underflow.
-    p = p - p.mean(axis=0)
-    p = np.ldexp(p, -math.frexp(float(np.abs(p).max()))[1])
-    area = hull_area(p)
-    if area == 0.0:
+    # Exact integers: a ratio of areas needs no moving or scaling, and nothing can overflow,
+    # underflow or round on the way (only the final ratio is rounded, down).
+    xs, ys, _ = _integer_points(p)
+    hull = _twice_hull(xs, ys)
+    if hull == 0:
         raise Infeasible("the points lie on one line: their convex hull has no area")
-    return smallest_triangle(p) / area
+    return exact.float_down(Fraction(_twice_smallest(xs, ys), hull))
 
 
 class Heilbronn(Problem):

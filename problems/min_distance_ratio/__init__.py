@@ -8,12 +8,12 @@ squared, lower is better): 16 points in the plane 12.890 (Friedman's table) -> 1
 
 from __future__ import annotations
 
-import math
+import sys
 from collections.abc import Mapping
+from fractions import Fraction
 from typing import Any
 
-import numpy as np
-
+from problems import exact
 from problems.api import Anchor, Call, Infeasible, Objective, Problem
 from problems.heilbronn import points
 
@@ -31,10 +31,11 @@ process with a time limit of {limit:g} seconds: construct(16, 2) (16 points in t
 construct(14, 3) (14 points in space); numpy and scipy are available.
 
 Value: (largest distance / smallest distance) squared, from the squared distances between every
-pair of points in float64; lower is better. Best known 12.889266112 (16 in the plane) and
-4.165849767 (14 in space). Two points in the same place make the value infinite and the answer
-invalid. The value does not change when the points are moved, rotated or scaled. The score is
-the best known value divided by yours, capped at 1.
+pair of points, computed exactly from your float64 coordinates; lower is better. Best known
+12.889266112 (16 in the plane) and 4.165849767 (14 in space). Two points in the same place make
+the value infinite and the answer invalid. The value does not change when the points are moved,
+rotated or scaled (up to the rounding of your coordinates). The score is the best known value
+divided by yours, capped at 1.
 """
 
 SEED_PROGRAM = '''\
@@ -53,20 +54,26 @@ def construct(n, d):
 
 def ratio_squared(value: Any, n: int, d: int) -> float:
     p = points(value, n, d)
-    # Translation and scale do not matter: centre the points and bring them near unit size by
-    # an exact power of two, so no squared distance overflows or underflows.
-    p = p - p.mean(axis=0)
-    largest = float(np.abs(p).max())
-    if largest == 0.0:
+    if (p == p[0]).all():
         raise Infeasible("all points are in the same place")
-    p = np.ldexp(p, -math.frexp(largest)[1])
-    i, j = np.triu_indices(n, k=1)
-    squared = ((p[i] - p[j]) ** 2).sum(axis=1)
-    nearest = float(squared.min())
-    if nearest == 0.0:
-        k = int(np.argmin(squared))
-        raise Infeasible(f"points {i[k]} and {j[k]} are in the same place")
-    return float(squared.max()) / nearest
+    # Exact integers: rounded squared distances could shrink the largest or grow the smallest,
+    # and moving or scaling the points in float64 would change them; none of that happens here.
+    values, _ = exact.integers(p.T.ravel().tolist())
+    coords = [values[k * n : (k + 1) * n] for k in range(d)]
+    pairs = [
+        (sum((axis[i] - axis[j]) ** 2 for axis in coords), i, j)
+        for i in range(n)
+        for j in range(i + 1, n)
+    ]
+    squared, i, j = min(pairs)  # the nearest pair, the first in order on ties
+    farthest = max(pairs)[0]
+    if squared == 0:
+        raise Infeasible(f"points {i} and {j} are in the same place")
+    ratio = Fraction(farthest, squared)
+    if ratio > sys.float_info.max:
+        raise Infeasible(f"the ratio exceeds float64's range (points {i} and {j} nearly coincide)")
+    # Rounded up: a lower value is better, so the reported one is never better than the truth.
+    return exact.float_up(ratio)
 
 
 class MinDistanceRatio(Problem):
