@@ -5,13 +5,16 @@ Infeasible with a one-line reason: never another exception, never a long wait.
 
 Each attack below was accepted (or crashed the scorer, or took seconds) before the scorers
 checked feasibility in exact integer arithmetic and sized their input before reading it.
+"Before reading it" is measured in memory, not time: the refusal allocates almost nothing where
+reading the input first would have copied it into an array.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from fractions import Fraction
 from itertools import combinations
 from typing import Any
@@ -154,10 +157,9 @@ def test_circle_centres_of_the_wrong_kind_are_refused(case: str) -> None:
 def test_ten_million_circles_are_refused_before_they_are_read() -> None:
     many_centres = [[[0.0, 0.0]] * 10**7, [0.0] * 26]
     many_radii = [[[0.5, 0.5]] * 26, [0.0] * 10**7]
-    started = time.perf_counter()
-    _refused(check_packing, many_centres, 26, match="more than 52")
-    _refused(check_packing, many_radii, 26, match="more than 26")
-    assert time.perf_counter() - started < 0.1  # it took 4 s to build the array first
+    with _allocating_little():  # an array of them first was 160 MB and took 4 s
+        _refused(check_packing, many_centres, 26, match="more than 52")
+        _refused(check_packing, many_radii, 26, match="more than 26")
 
 
 def test_the_far_rect21_attack_through_the_sandbox_scores_nothing() -> None:
@@ -293,9 +295,8 @@ def test_heights_of_the_wrong_kind_are_refused(value: Any, words: str) -> None:
 
 def test_ten_million_heights_are_refused_before_they_are_read() -> None:
     heights = [1.0] * 10**7
-    started = time.perf_counter()
-    _refused(first_autocorrelation, heights, match="1 to")
-    assert time.perf_counter() - started < 0.1  # building the array took 0.5 s
+    with _allocating_little():  # the array was 80 MB
+        _refused(first_autocorrelation, heights, match="1 to")
 
 
 # Cap set ---------------------------------------------------------------------------------------
@@ -316,16 +317,14 @@ def test_ten_million_heights_are_refused_before_they_are_read() -> None:
     ids=["bool", "huge ints", "long double", "a million rows"],
 )
 def test_priorities_of_the_wrong_kind_are_refused(value: Any, words: str) -> None:
-    started = time.perf_counter()
-    _refused(greedy_cap, value, 3, match=words)
-    assert time.perf_counter() - started < 0.5
+    with _allocating_little():
+        _refused(greedy_cap, value, 3, match=words)
 
 
 def test_ten_million_priorities_are_refused_before_they_are_read() -> None:
     priorities = [0.0] * 10**7
-    started = time.perf_counter()
-    _refused(greedy_cap, priorities, 9, match="expected 19683 priorities")
-    assert time.perf_counter() - started < 0.1  # building the array took 0.3 s
+    with _allocating_little():  # the array was 80 MB
+        _refused(greedy_cap, priorities, 9, match="expected 19683 priorities")
 
 
 # Bin packing -----------------------------------------------------------------------------------
@@ -346,9 +345,8 @@ def test_ten_million_priorities_are_refused_before_they_are_read() -> None:
     ids=["1e12", "int64 max", "2^64", "uint64", "bools", "a float", "nested", "a million"],
 )
 def test_bin_indices_that_are_not_a_packing_are_refused(assignment: Any, words: str) -> None:
-    started = time.perf_counter()
-    _refused(bins_used, assignment, 10, [6, 5, 4], "x", match=words)
-    assert time.perf_counter() - started < 0.5
+    with _allocating_little():  # bincount of 10^12 asked for 7 TiB
+        _refused(bins_used, assignment, 10, [6, 5, 4], "x", match=words)
 
 
 def test_the_last_possible_bin_index_still_counts() -> None:
@@ -420,7 +418,6 @@ PROBLEMS = [
 def test_hostile_values_score_or_are_refused_in_one_line(problem: Problem, case: str) -> None:
     for call in problem.calls():
         for value in _shapes(HOSTILE[case], call, problem):
-            started = time.perf_counter()
             try:
                 values = problem.score(call, value)
             except Infeasible as exc:
@@ -428,7 +425,6 @@ def test_hostile_values_score_or_are_refused_in_one_line(problem: Problem, case:
             else:
                 for name in call.objectives:
                     assert isinstance(values[name], float) and math.isfinite(values[name])
-            assert time.perf_counter() - started < 1.0, f"{call.key} took too long"
 
 
 def test_humaneval_and_maze_refuse_what_is_not_their_data() -> None:
@@ -441,7 +437,18 @@ def test_humaneval_and_maze_refuse_what_is_not_their_data() -> None:
         _refused(task.score, call, value, match="not a pass or fail")
     maze = MazeProblem()
     instance = maze.instance("train", 0)
-    started = time.perf_counter()
     _refused(maze.score_answer, instance, "UP " * 10**6 + "SIDEWAYS", match="SIDEWAYS")
     _refused(maze.score_answer, instance, "\x00" * 10**6, match="route holds only")
-    assert time.perf_counter() - started < 2.0
+
+
+@contextmanager
+def _allocating_little(limit_mb: float = 4.0) -> Iterator[None]:
+    """The block's Python and numpy allocations peak below `limit_mb` (numpy reports its buffers
+    to tracemalloc): a scorer that sizes its input before reading it never copies it whole."""
+    tracemalloc.start()
+    try:
+        yield
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < limit_mb * 2**20, f"allocated {peak / 2**20:.1f} MB"
