@@ -28,7 +28,14 @@ from harness.llm import Completion, GenerationError, Generator, Sampling, make_g
 from harness.llm.base import storable
 from harness.parsing import parse_completion
 from harness.prompts import build_prompt
-from harness.records import CandidateRecord, NewProgram, ProgramRecord, RolloutRecord, code_hash
+from harness.records import (
+    CampaignRecord,
+    CandidateRecord,
+    NewProgram,
+    ProgramRecord,
+    RolloutRecord,
+    code_hash,
+)
 from harness.sandbox import Limits, Sandbox
 from harness.selection import (
     Population,
@@ -42,6 +49,7 @@ from harness.store import Store
 from harness.training import (
     Trainer,
     base_generator,
+    check_backend,
     maybe_train,
     serve_adapter,
     start_trainer,
@@ -148,7 +156,15 @@ def run_campaign(
     generator: Generator | None = None,
     on_progress: Callable[[int, Progress], None] | None = None,
 ) -> int:
-    """Run (or resume) the campaign up to `config.iterations` iterations; return its id."""
+    """Run (or resume) the campaign up to `config.iterations` iterations; return its id.
+
+    A run that fails or is interrupted before it records an iteration of an existing campaign
+    leaves the campaign's status as it was: a finished campaign whose extension could not
+    start its model is still finished, not failed."""
+    before = store.get_campaign(config.name or problem.name)
+    done_before = store.iterations_done(before.id) if before is not None else 0
+    if generator is None and done_before < config.iterations:
+        check_backend(config)  # before the campaign is touched
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
     try:
@@ -166,15 +182,25 @@ def run_campaign(
                 evolve(campaign, generator, done, on_progress)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
-        store.set_campaign_status(campaign_id, "stopped")
+        _settle_status(store, campaign_id, "stopped", before, done_before)
         raise
     except BaseException:
-        store.set_campaign_status(campaign_id, "failed")
+        _settle_status(store, campaign_id, "failed", before, done_before)
         raise
     finally:
         if owns_generator and generator is not None:
             generator.close()
     return campaign_id
+
+
+def _settle_status(
+    store: Store, campaign_id: int, status: str, before: CampaignRecord | None, done_before: int
+) -> None:
+    """`status` for a run that ended early, unless it recorded nothing of an existing campaign:
+    that one keeps the status it had before this run."""
+    if before is not None and store.iterations_done(campaign_id) == done_before:
+        status = before.status
+    store.set_campaign_status(campaign_id, status)
 
 
 def prepare(

@@ -20,6 +20,7 @@ from problems.registry import ProblemLoadError, available
 from problems.registry import load as load_problem
 
 MAX_PROGRAM_BYTES = 1 << 20
+MAX_ROWS = 1_000_000  # `vpo db top -n`
 
 
 class _Parser(argparse.ArgumentParser):
@@ -218,18 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = db_command("top", "the best programs by an objective, weights or the mean")
     sub.add_argument("--objective", default=None)
     sub.add_argument("--weights", default=None, help="a,b,...: one weight per objective")
-    sub.add_argument("-n", type=_positive_int, default=10)
+    sub.add_argument("-n", type=_row_count, default=10)
     sub.set_defaults(handler=cmd_db)
     db_command("pareto", "the non-dominated programs").set_defaults(handler=cmd_db)
     sub = db_command("show", "one program: code, scores, where it came from")
-    sub.add_argument("id", type=_positive_int)
+    sub.add_argument("id", type=_program_id)
     sub.set_defaults(handler=cmd_db)
     sub = db_command("diff", "a program against its parent or another program")
-    sub.add_argument("id", type=_positive_int)
-    sub.add_argument("other", type=_positive_int, nargs="?", default=None)
+    sub.add_argument("id", type=_program_id)
+    sub.add_argument("other", type=_program_id, nargs="?", default=None)
     sub.set_defaults(handler=cmd_db)
     sub = db_command("lineage", "ancestry through parents and drafts")
-    sub.add_argument("id", type=_positive_int)
+    sub.add_argument("id", type=_program_id)
     sub.set_defaults(handler=cmd_db)
     sub = db_command("plot", "PNG plots of progress, Pareto fronts and training")
     sub.add_argument("--out", required=True, help="folder for the PNG files")
@@ -532,7 +533,7 @@ def _run_one(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from harness.config import ADVANTAGES
+    from harness.config import ADVANTAGES, check_float
     from harness.store import Store
     from harness.training import OfflineSettings, train_offline
 
@@ -540,8 +541,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UserError(
             f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
         )
-    if args.learning_rate is not None and not args.learning_rate > 0:
-        raise UserError(f"--lr must be > 0, not {args.learning_rate}")
+    # The campaign settings' ranges, so `vpo train` takes no NaN or infinity either.
+    if args.learning_rate is not None:
+        check_float("learning_rate", args.learning_rate, name="--lr")
+    check_float("kl_beta", args.kl_beta, name="--kl-beta")
     if (args.db is None) == (args.problem is None):
         raise UserError(
             "give either --db (learn from a campaign's groups) or --problem (RL on an answer "
@@ -737,9 +740,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from harness.campaign import summary_json
     from harness.store import Store
 
-    store = Store.open(args.db, create=False)
-    campaign = _find_campaign(store, args.name, required=True)
-    report = summary_json(store, campaign.id)
+    with Store.open(args.db, read_only=True) as store:  # a view: works on a read-only mount
+        campaign = _find_campaign(store, args.name, required=True)
+        report = summary_json(store, campaign.id)
     if args.json:
         print(json.dumps(report))
         return 0
@@ -765,10 +768,16 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
-    from harness import views
     from harness.store import Store
 
-    store = Store.open(args.db, create=False)
+    # Views only read: a read-only open works on a read-only mount and never writes the file.
+    with Store.open(args.db, read_only=True) as store:
+        return _db_view(store, args)
+
+
+def _db_view(store: Any, args: argparse.Namespace) -> int:
+    from harness import views
+
     campaign = _find_campaign(store, args.name, required=True)
     command = args.db_command
     if command == "export":
@@ -1014,8 +1023,10 @@ def read_program(path: str) -> str:
 def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title)
+    # A file name is shown as written, never read as rich markup or terminal codes.
+    table = Table(title=Text(_inert(title)))
     for column in ("objective", "score", "raw", "best known"):
         table.add_column(column, justify="right" if column != "objective" else "left")
     for objective in problem.objectives:
@@ -1030,7 +1041,8 @@ def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> No
     console.print(table)
     line = f"status: {evaluation.status}"
     if evaluation.reason:
-        line += f" ({evaluation.reason})"
+        # The reason quotes the candidate (its exception, its output): escaped like `vpo db`.
+        line += f" ({_inert(evaluation.reason)})"
     console.print(line, markup=False, highlight=False)
 
 
@@ -1083,6 +1095,22 @@ def _positive_int(text: str) -> int:
         ) from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def _row_count(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_ROWS:  # more than any table shows; SQLite cannot bind past 2^63 at all
+        raise argparse.ArgumentTypeError(f"-n is at most {MAX_ROWS}, not {value}")
+    return value
+
+
+def _program_id(text: str) -> int:
+    from harness.db import MAX_ID
+
+    value = _positive_int(text)
+    if value > MAX_ID:  # no row has it, and the SQLite driver cannot even bind it
+        raise argparse.ArgumentTypeError(f"no program can have id {value} (ids end at 2^63 - 1)")
     return value
 
 

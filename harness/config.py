@@ -9,6 +9,7 @@ the flags given on the command line override it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -23,6 +24,20 @@ STRATEGIES = ("evolve", "best-of-n")
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo")
+
+# Every float setting's range, checked in one place (`check_float`): (low, high, whether low
+# itself is allowed, the range in words). NaN and infinity are outside every range; TOML
+# writes them `nan` and `inf`, and they would pass a bare `>= 0`. The upper ends keep values
+# usable downstream: the sandbox turns time_limit into an integer rlimit, and a Dirichlet
+# alpha past about 1e30 draws NaN weights (beyond 1e6 the draws are uniform anyway).
+FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "temperature": (0.0, 5.0, True, "a number from 0 to 5"),
+    "top_p": (0.0, 1.0, False, "a number in (0, 1]"),
+    "time_limit": (0.0, 86400.0, True, "a number of seconds from 0 to 86400 (0: the problem's)"),
+    "learning_rate": (0.0, 1.0, False, "a number in (0, 1]"),
+    "kl_beta": (0.0, 100.0, True, "a number from 0 to 100"),
+    "dirichlet_alpha": (0.0, 1e6, False, "a number in (0, 1e6]"),
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,7 @@ class CampaignConfig:
     policy_dir: str | None = None  # where policy versions go; default: beside the database
 
     def __post_init__(self) -> None:
+        _check_floats(self)
         _require(bool(self.problem), "problem", "a problem name or folder")
         _require(self.iterations >= 0, "iterations", "a whole number >= 0")
         _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES))
@@ -70,23 +86,17 @@ class CampaignConfig:
         _require(bool(self.model), "model", "a model name, Hugging Face id or folder")
         _require(self.group_size >= 1, "group_size", "a whole number >= 1")
         _require(1 <= self.candidates <= 8, "candidates", "a whole number from 1 to 8")
-        _require(0.0 <= self.temperature <= 5.0, "temperature", "a number from 0 to 5")
-        _require(0.0 < self.top_p <= 1.0, "top_p", "a number in (0, 1]")
         _require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
         _require(self.islands >= 1, "islands", "a whole number >= 1")
         _require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
         _require(0 <= self.drafts <= 8, "drafts", "a whole number from 0 to 8")
         _require(self.workers >= 0, "workers", "a whole number >= 0")
-        _require(self.time_limit >= 0.0, "time_limit", "a number of seconds >= 0")
         if self.backend == "openai":
             _require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
         _require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
         _require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
-        _require(self.learning_rate > 0, "learning_rate", "a number > 0")
         _require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
-        _require(self.kl_beta >= 0, "kl_beta", "a number >= 0")
         _require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
-        _require(self.dirichlet_alpha > 0, "dirichlet_alpha", "a number > 0")
         _require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
         if self.train_every:
             if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
@@ -122,6 +132,9 @@ class CampaignConfig:
 
 
 KEYS = {f.name: f for f in fields(CampaignConfig)}
+# A new float setting without a range would skip the finiteness check: refuse to import.
+if {name for name, f in KEYS.items() if str(f.type).startswith("float")} != set(FLOAT_RANGES):
+    raise RuntimeError("harness.config: FLOAT_RANGES must name every float setting")
 
 
 def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
@@ -185,6 +198,27 @@ def _coerce(key: str, value: Any) -> Any:
             else ("a number" if kind.startswith("float") else "a string")
         )
         raise UserError(f"config key {key!r} must be {expected}, got {value!r}") from None
+
+
+def check_float(key: str, value: Any, *, name: str | None = None) -> float:
+    """`value` when it lies in FLOAT_RANGES[key], else a UserError naming the setting (as
+    `name`, a flag say, when given)."""
+    low, high, low_allowed, allowed = FLOAT_RANGES[key]
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (low <= value if low_allowed else low < value)
+        and value <= high
+    )
+    if not ok:
+        raise UserError(f"{name or f'config key {key!r}'} must be {allowed}, got {value!r}")
+    return float(value)
+
+
+def _check_floats(config: CampaignConfig) -> None:
+    for key in FLOAT_RANGES:
+        check_float(key, getattr(config, key))
 
 
 def _require(ok: bool, key: str, allowed: str) -> None:

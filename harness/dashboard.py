@@ -12,6 +12,7 @@ so nothing stored can execute in the browser.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import threading
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from importlib import resources
 from typing import Any
 
 from harness import views
+from harness.db import MAX_ID
 from harness.errors import UserError
 from harness.records import CampaignRecord
 from harness.store import Store
@@ -239,16 +241,46 @@ class Dashboard:
             self.view(campaign.id).refresh()
 
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+def is_loopback(host: str) -> bool:
+    """Whether `host` (a name, an IPv4 or IPv6 address, bracketed or not) names this machine's
+    loopback interface: localhost, any of 127.0.0.0/8, ::1 or ::ffff:127.x.y.z. Every such
+    address reaches only local processes, so the dashboard treats them all alike."""
+    host = host.strip().lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])  # drop an IPv6 zone (::1%lo)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # Python 3.11 calls ::ffff:127.0.0.1 not loopback
+    return address.is_loopback
 
 
-def create_app(store: Store, allowed_hosts: Sequence[str] | None = None) -> Any:
+def request_host(header: str) -> str:
+    """The host of a Host header, without its port: `[::1]:8300` -> `[::1]`."""
+    header = header.strip()
+    if header.startswith("["):
+        return header[: header.find("]") + 1] if "]" in header else header
+    if header.count(":") == 1:
+        return header.split(":", 1)[0]
+    return header  # no port, or a bare IPv6 address
+
+
+def create_app(store: Store, *, local_only: bool = False) -> Any:
     """The FastAPI application: one page, its script and style, and JSON under /api.
 
-    With `allowed_hosts`, a request naming another host is refused: a web page elsewhere that
-    points its own domain at 127.0.0.1 (DNS rebinding) cannot read the database through a
-    local dashboard."""
+    With `local_only`, a request whose Host header does not name a loopback address is
+    refused: a web page elsewhere that points its own domain at 127.0.0.1 (DNS rebinding)
+    cannot read the database through a local dashboard.
+
+    Every parameter taken from the URL is checked before use; a bad one is a 4xx whose
+    `detail` is one line (the page shows it as the error)."""
     from fastapi import FastAPI, HTTPException, Query, Request
+    from fastapi import Path as PathParameter
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, Response
 
     board = Dashboard(store)
@@ -260,9 +292,9 @@ def create_app(store: Store, allowed_hosts: Sequence[str] | None = None) -> Any:
     async def _headers(request: Request, call_next: Any) -> Any:
         if request.method not in ("GET", "HEAD"):
             return JSONResponse({"error": "the dashboard is read-only"}, status_code=405)
-        if allowed_hosts is not None:
-            host = request.headers.get("host", "").rsplit(":", 1)[0]
-            if host not in allowed_hosts:
+        if local_only:
+            host = request_host(request.headers.get("host", ""))
+            if not is_loopback(host):
                 return JSONResponse({"error": f"unknown host {host!r}"}, status_code=400)
         response = await call_next(request)
         response.headers["Content-Security-Policy"] = CSP
@@ -270,6 +302,19 @@ def create_app(store: Store, allowed_hosts: Sequence[str] | None = None) -> Any:
         response.headers["Referrer-Policy"] = "no-referrer"
         response.headers["Cache-Control"] = "no-store"
         return response
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_parameter(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer is a list of objects; the page shows `detail` as one line.
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(part) for part in first.get("loc", ())[1:]) or "request"
+        message = " ".join(str(first.get("msg", "invalid parameter")).split())
+        return JSONResponse({"detail": f"{where}: {message}"}, status_code=422)
+
+    # Ids past the largest SQLite integer cannot name a row; the driver would raise on them.
+    campaign_id = Query(None, ge=1, le=MAX_ID)
+    program_id_path = PathParameter(ge=1, le=MAX_ID)
 
     def _file(name: str, media: str) -> Response:
         return Response((static / name).read_bytes(), media_type=media)
@@ -299,12 +344,12 @@ def create_app(store: Store, allowed_hosts: Sequence[str] | None = None) -> Any:
         return board.campaigns()
 
     @app.get("/api/overview")
-    def overview(campaign: int | None = None) -> dict[str, Any]:
+    def overview(campaign: int | None = campaign_id) -> dict[str, Any]:
         return _view(campaign).overview()
 
     @app.get("/api/top")
     def top(
-        campaign: int | None = None,
+        campaign: int | None = campaign_id,
         objective: str | None = None,
         weights: str | None = None,
         n: int = Query(50, ge=1, le=500),
@@ -322,7 +367,7 @@ def create_app(store: Store, allowed_hosts: Sequence[str] | None = None) -> Any:
             raise HTTPException(400, str(exc)) from None
 
     @app.get("/api/programs/{program_id}")
-    def program(program_id: int) -> dict[str, Any]:
+    def program(program_id: int = program_id_path) -> dict[str, Any]:
         try:
             shown = views.show(store, program_id)
         except UserError as exc:
@@ -333,7 +378,7 @@ def create_app(store: Store, allowed_hosts: Sequence[str] | None = None) -> Any:
         return shown
 
     @app.get("/api/programs/{program_id}/lineage")
-    def lineage(program_id: int) -> dict[str, Any]:
+    def lineage(program_id: int = program_id_path) -> dict[str, Any]:
         try:
             return views.lineage(store, program_id)
         except UserError as exc:
@@ -355,8 +400,11 @@ def serve(store: Store, host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    local = host in LOOPBACK
-    app = create_app(store, allowed_hosts=LOOPBACK if local else None)
+        # The address actually bound, so a name (localhost, a hostname Debian maps to
+        # 127.0.1.1) is judged by where it points, like an address.
+        bound = str(probe.getsockname()[0])
+    local = is_loopback(host) or is_loopback(bound)
+    app = create_app(store, local_only=local)
     print(f"vpo ui: reading {store.where} ...", flush=True)
     app.state.dashboard.warm()
     shown = f"[{host}]" if ":" in host else host

@@ -33,6 +33,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 # Bump when a table or column changes; `Store.open` refuses databases written by a newer version.
 SCHEMA_VERSION = 1
 
+# The largest id a row can have (SQLite's INTEGER is 64-bit signed): a larger one names no row,
+# and the SQLite driver raises OverflowError binding it, so ids from users are checked first.
+MAX_ID = 2**63 - 1
+
 CAMPAIGN_STATUSES = ("running", "finished", "failed", "stopped")
 PROGRAM_STATUSES = ("ok", "invalid", "error", "timeout")
 PROGRAM_ORIGINS = ("seed", "llm", "migration")

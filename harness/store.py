@@ -106,8 +106,9 @@ class Store:
         """Open a file path, `sqlite:///path` or `postgresql://...`; create the tables if new.
 
         `read_only` (implies not `create`) makes the engine itself refuse writes: SQLite
-        connections run with `query_only`, PostgreSQL sessions default to read-only
-        transactions. A reader never blocks a SQLite campaign's writer (WAL).
+        files are opened with `mode=ro` and `query_only` (and work on a read-only mount, see
+        `_connect_read_only`), PostgreSQL sessions default to read-only transactions. A
+        reader never blocks a SQLite campaign's writer (WAL).
 
         Raises UserError when the database cannot be reached and SchemaError when it is not a
         vpo-evolve database or was written by a newer schema.
@@ -1736,6 +1737,14 @@ def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
             poolclass=StaticPool,
             connect_args={"check_same_thread": False},
         )
+    elif read_only and not url.database.startswith("file:"):
+        # Through a SQLite URI with mode=ro, so nothing is created or written: a read-only
+        # file or mount works. Decided per connection (see `_connect_read_only`), since a
+        # live writer elsewhere can come and go while a dashboard runs.
+        path = url.database
+        engine = create_engine(
+            url, json_serializer=dumps_json, creator=lambda: _connect_read_only(path)
+        )
     else:
         engine = create_engine(url, json_serializer=dumps_json)
 
@@ -1763,6 +1772,35 @@ def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
     return engine
 
 
+def _connect_read_only(path: str) -> sqlite3.Connection:
+    """A connection that reads `path` and writes nothing, not even a -wal or -shm file.
+
+    `mode=ro` reads a live campaign's WAL through the -shm file, which SQLite creates when it
+    is missing and the folder is writable. On a read-only folder or mount without the -shm
+    file (the last writer closed cleanly and removed it), SQLite cannot open a WAL database
+    that way; the database is then read as `immutable`, which takes no locks and needs no
+    -shm: right for a mount nothing writes to. Reading so would skip the commits in a -wal
+    file with content, so that case is refused instead.
+    """
+    uri = f"{Path(path).as_uri()}?mode=ro"
+    connection = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    try:
+        connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        return connection
+    except sqlite3.Error as error:
+        if getattr(error, "sqlite_errorname", "") != "SQLITE_CANTOPEN":
+            return connection  # `_prepare`'s first query meets the error and words it
+    connection.close()
+    wal = Path(f"{path}-wal")
+    if wal.is_file() and wal.stat().st_size > 0:
+        raise UserError(
+            f"cannot read {path} here: its {wal.name} holds commits that SQLite reads only "
+            f"through a {Path(path).name}-shm file, which this read-only folder cannot hold; "
+            "copy the database with its -wal file to a writable folder and read it there"
+        )
+    return sqlite3.connect(f"{uri}&immutable=1", uri=True, check_same_thread=False)
+
+
 def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = False) -> None:
     """Check the schema version; create the tables when the database is empty, and indexes
     added since (same schema version: older releases read the file as before) when not."""
@@ -1788,7 +1826,9 @@ def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = Fals
                     )
         elif not read_only:
             _add_missing_indexes(engine)
-        if sqlite:
+        # A reader leaves the journal mode alone: switching it writes the file. Every
+        # database a campaign wrote is in WAL already, so readers never block its writer.
+        if sqlite and not read_only:
             _enable_wal(engine, where)
     except DBAPIError as exc:
         raise _open_error(

@@ -136,6 +136,23 @@ def fresh_policy(
         raise UserError(str(error)) from None
 
 
+def check_backend(config: CampaignConfig) -> None:
+    """What can be known about `config`'s backend without starting it: its library is
+    installed, its API key is set. A campaign checks this before it touches its database
+    row, so a bad backend leaves the campaign as it was. (Loading the model or reaching the
+    server can still fail later; `run_campaign` then restores the campaign's status.)"""
+    import importlib.util
+
+    if config.backend == "openai":
+        from harness.llm.openai_backend import auth_headers
+
+        auth_headers(config.api_key_env)
+    elif config.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        from harness.llm.vllm_backend import INSTALL_HINT
+
+        raise UserError(INSTALL_HINT)
+
+
 def base_generator(config: CampaignConfig) -> Generator:
     """The generator `config` names, sampling from the base model."""
     from harness.llm import make_generator

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,12 +64,16 @@ def weights_by_objective(
     objectives: Sequence[str], weights: Sequence[float] | None
 ) -> dict[str, float]:
     """Objective -> weight, all 1 when `weights` is None; a UserError unless there is one
-    weight >= 0 per objective, not all 0."""
+    finite weight >= 0 per objective, not all 0. Infinity and NaN are refused here, for the
+    command line and the dashboard alike: a weighted sum with them has no order, and their
+    total (which the dashboard divides by) must be a positive finite number."""
     if weights is not None and (
-        len(weights) != len(objectives) or any(not w >= 0 for w in weights) or not sum(weights)
+        len(weights) != len(objectives)
+        or any(not (w >= 0 and math.isfinite(w)) for w in weights)
+        or not 0 < sum(weights) < math.inf
     ):
         raise UserError(
-            f"--weights needs {len(objectives)} numbers >= 0, not all 0 "
+            f"--weights needs {len(objectives)} numbers, finite and >= 0, not all 0 "
             f"(one per objective: {', '.join(objectives)})"
         )
     return dict(zip(objectives, weights or [1.0] * len(objectives), strict=True))

@@ -243,6 +243,51 @@ def sqlite_database(tmp_path: Path) -> str:
     return fill_small_campaign(str(tmp_path / "small.db"))
 
 
+@contextlib.contextmanager
+def read_only_folder(folder: Path) -> Iterator[Path]:
+    """`folder` seen through a path where nothing can be created or written.
+
+    As root, permissions stop nothing, so the path is a read-only bind mount of `folder`;
+    other users get `folder` itself made read-only (chmod), which does stop them. Skips only
+    when neither makes the path really read-only (no mount in this container, say)."""
+    if os.geteuid() == 0:
+        view = folder.with_name(folder.name + "-ro")
+        view.mkdir()
+        bound = subprocess.run(["mount", "--bind", str(folder), str(view)], capture_output=True)
+        if bound.returncode != 0:
+            view.rmdir()
+            pytest.skip(f"cannot bind-mount a folder here: {bound.stderr.decode().strip()}")
+        try:
+            remounted = subprocess.run(
+                ["mount", "-o", "remount,ro,bind", str(view)], capture_output=True
+            )
+            if remounted.returncode != 0:
+                pytest.skip(f"cannot remount read-only: {remounted.stderr.decode().strip()}")
+            _assert_read_only(view)
+            yield view
+        finally:
+            if subprocess.run(["umount", str(view)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "-l", str(view)], check=True)
+            view.rmdir()
+    else:
+        mode = folder.stat().st_mode
+        folder.chmod(0o555)
+        try:
+            _assert_read_only(folder)
+            yield folder
+        finally:
+            folder.chmod(mode)
+
+
+def _assert_read_only(folder: Path) -> None:
+    try:
+        (folder / "probe").touch()
+    except OSError:
+        return
+    (folder / "probe").unlink()
+    pytest.skip(f"{folder} could not be made read-only")
+
+
 @pytest.fixture
 def hostile_code() -> str:
     """The code of program 4 in `database`."""

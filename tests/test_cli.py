@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +14,16 @@ DATA = Path(__file__).parents[1] / "problems" / "circle_packing" / "data"
 PUBLISHED = json.loads((DATA / "alphaevolve_circle_packings.json").read_text())
 
 
-def vpo(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def vpo(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
+        env=env,
     )
 
 
@@ -196,3 +200,97 @@ def test_shipped_example_scores_the_published_sums() -> None:
     raw = json.loads(result.stdout)["raw"]
     assert (round(raw["n26"], 10), round(raw["n32"], 10)) == (2.6358627564, 2.9379445262)
     assert round(raw["rect21"], 10) == 2.3658321334
+
+
+def test_eval_table_shows_control_characters_from_the_candidate_escaped(tmp_path: Path) -> None:
+    """The reason quotes the candidate's exception: an ESC, a bell or a bidi override in it
+    is printed as an escape, as `vpo db` prints stored text, never sent to the terminal."""
+    program = tmp_path / "hostile.py"
+    program.write_text(
+        "def construct_packing(n, container='square'):\n"
+        "    raise ValueError('\\x1b[2J\\x07 boom \\u202e')\n"
+    )
+    result = vpo("eval", "circle_packing", str(program))
+    assert result.returncode == 1, result.stderr
+    status = result.stdout.strip().splitlines()[-1]
+    assert status.startswith("status: error") and "boom" in status
+    assert "\\x1b[2J\\x07" in status and "\\u202e" in status
+    for raw in ("\x1b", "\x07", "\u202e"):
+        assert raw not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "setting,words",
+    [
+        ("[evaluation]\ntime_limit = inf", "'time_limit' must be a number of seconds"),
+        ("[evaluation]\ntime_limit = nan", "'time_limit' must be a number of seconds"),
+        ("[evaluation]\ntime_limit = 1e30", "'time_limit' must be a number of seconds"),
+        ("[training]\nlearning_rate = inf", "'learning_rate' must be a number in (0, 1]"),
+        ("[training]\nkl_beta = -inf", "'kl_beta' must be a number from 0 to 100"),
+        ("[training]\ndirichlet_alpha = 1e300", "'dirichlet_alpha' must be a number in"),
+        ("[sampling]\ntemperature = nan", "'temperature' must be a number from 0 to 5"),
+    ],
+)
+def test_run_refuses_a_float_setting_that_is_not_finite_or_out_of_range(
+    tmp_path: Path, setting: str, words: str
+) -> None:
+    config = tmp_path / "campaign.toml"
+    config.write_text(f'problem = "circle_packing"\niterations = 0\n{setting}\n')
+    db = tmp_path / "c.db"
+    assert_one_line_error(vpo("run", "--config", str(config), "--db", str(db)), words)
+    assert_one_line_error(vpo("config", "show", "--config", str(config), "--db", str(db)), words)
+
+
+def _campaign_status(db: Path) -> tuple[str, list[str]]:
+    from harness.store import Store
+
+    with Store.open(str(db), read_only=True) as store:
+        (campaign,) = store.campaigns()
+        return campaign.status, [e.kind for e in store.events(campaign.id)]
+
+
+def test_a_run_that_cannot_start_its_backend_leaves_a_finished_campaign_finished(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+    assert vpo("run", "circle_packing", "--db", str(db), "--iterations", "0").returncode == 0
+    assert _campaign_status(db)[0] == "finished"
+
+    # Known before the campaign is touched: no key for the endpoint.
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    no_key = vpo(
+        "run", "circle_packing", "--db", str(db), "--iterations", "2",
+        "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", env=env,
+    )  # fmt: skip
+    assert_one_line_error(no_key, "$OPENAI_API_KEY, which is not set")
+    status, events = _campaign_status(db)
+    assert status == "finished" and "resumed" not in events
+
+    # Known only when the model loads, after the campaign was resumed: status restored.
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    broken = vpo(
+        "run", "circle_packing", "--db", str(db), "--iterations", "2", "--model", str(not_a_model)
+    )
+    assert_one_line_error(broken, "has no config.json")
+    status, events = _campaign_status(db)
+    assert status == "finished" and "resumed" in events
+
+    # A name the config does not know is refused before anything.
+    assert_one_line_error(
+        vpo("run", "circle_packing", "--db", str(db), "--iterations", "2", "--backend", "x"),
+        "'backend' must be transformers or vllm or openai",
+    )
+    assert _campaign_status(db)[0] == "finished"
+
+
+def test_a_new_campaign_whose_model_cannot_load_is_marked_failed(tmp_path: Path) -> None:
+    """Only a campaign that existed before keeps its status; a new one records the failure."""
+    db = tmp_path / "c.db"
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    result = vpo(
+        "run", "circle_packing", "--db", str(db), "--iterations", "1", "--model", str(not_a_model)
+    )
+    assert_one_line_error(result, "has no config.json")
+    assert _campaign_status(db)[0] == "failed"

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from harness.config import CampaignConfig, build, load_toml
+from harness.config import FLOAT_RANGES, CampaignConfig, build, load_toml
 from harness.errors import UserError
 
 
@@ -73,3 +75,30 @@ def test_bad_toml_is_one_line(tmp_path: Path) -> None:
     file.write_text("[model]\nflavour = 1\n")
     with pytest.raises(UserError, match="unknown key 'flavour'"):
         load_toml(file)
+
+
+FLOAT_SETTINGS = sorted(f.name for f in fields(CampaignConfig) if f.type == "float")
+
+
+def test_every_float_setting_has_a_range() -> None:
+    assert FLOAT_SETTINGS == sorted(FLOAT_RANGES)
+
+
+@pytest.mark.parametrize("key", FLOAT_SETTINGS)
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 1e300, -1.0])
+def test_float_settings_must_be_finite_and_in_range(key: str, value: float) -> None:
+    """From a layer (file, flags, stored) and built directly alike, one line naming the key."""
+    for attempt in (lambda: build({key: value}), lambda: CampaignConfig(**{key: value})):
+        with pytest.raises(UserError, match=f"config key '{key}' must be .*, got") as info:
+            attempt()
+        assert "\n" not in str(info.value)
+
+
+def test_toml_inf_and_nan_are_refused(tmp_path: Path) -> None:
+    file = tmp_path / "campaign.toml"
+    for value in ("inf", "+inf", "nan", "-nan"):
+        file.write_text(f"[evaluation]\ntime_limit = {value}\n")
+        with pytest.raises(UserError, match="'time_limit' must be a number of seconds from 0"):
+            build(load_toml(file))
+    file.write_text("[evaluation]\ntime_limit = 86400\n[training]\nkl_beta = 0\n")
+    assert build(load_toml(file)).time_limit == 86400.0

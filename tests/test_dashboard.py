@@ -3,16 +3,20 @@ how it stays current while a campaign writes, and that nothing it serves can wri
 
 from __future__ import annotations
 
+import http.client
 import random
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
+from conftest import free_port, read_only_folder, start_vpo
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from harness.dashboard import LOOPBACK, Dashboard, create_app
+from harness.dashboard import Dashboard, create_app, is_loopback, request_host
 from harness.db import Program, Score
 from harness.store import Store
 
@@ -102,14 +106,132 @@ def test_read_only_store_refuses_writes(database: str) -> None:
 
 def test_other_hosts_are_refused_when_bound_locally(database: str) -> None:
     store = Store.open(database, read_only=True)
-    app = create_app(store, allowed_hosts=LOOPBACK)
-    assert (
-        TestClient(app, base_url="http://127.0.0.1:8300").get("/api/campaigns").status_code == 200
-    )
-    assert TestClient(app, base_url="http://localhost:8300").get("/").status_code == 200
-    rebound = TestClient(app, base_url="http://attacker.example:8300").get("/api/campaigns")
-    assert rebound.status_code == 400
+    app = create_app(store, local_only=True)
+    for base in (
+        "http://127.0.0.1:8300",
+        "http://localhost:8300",
+        "http://127.0.0.2:8300",
+        "http://127.0.1.1:8300",
+        "http://[::1]:8300",
+    ):
+        assert TestClient(app, base_url=base).get("/api/campaigns").status_code == 200, base
+    for base in ("http://attacker.example:8300", "http://10.0.0.1:8300", "http://0.0.0.0:8300"):
+        rebound = TestClient(app, base_url=base).get("/api/campaigns")
+        assert rebound.status_code == 400, base
     store.close()
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1", "127.0.0.2", "127.0.1.1", "127.255.255.254", "localhost", "LOCALHOST",
+     "::1", "[::1]", "::ffff:127.0.0.1", "[::ffff:127.0.1.1]"],
+)  # fmt: skip
+def test_every_loopback_address_is_local(host: str) -> None:
+    assert is_loopback(host)
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["0.0.0.0", "::", "128.0.0.1", "10.0.0.1", "::2", "::ffff:10.0.0.1", "attacker.example",
+     "localhost.attacker.example", "127.0.0.1.nip.io", ""],
+)  # fmt: skip
+def test_other_addresses_are_not_local(host: str) -> None:
+    assert not is_loopback(host)
+
+
+def test_host_header_without_port() -> None:
+    assert request_host("127.0.0.2:8300") == "127.0.0.2"
+    assert request_host("[::1]:8300") == "[::1]"
+    assert request_host("[::1]") == "[::1]"
+    assert request_host("localhost") == "localhost"
+
+
+def _get(address: str, port: int, host: str) -> int:
+    """The status of GET /api/campaigns at address:port naming `host` in its Host header,
+    waiting for the server to start listening."""
+    deadline = time.monotonic() + 60
+    while True:
+        connection = http.client.HTTPConnection(address, port, timeout=10)
+        try:
+            connection.request("GET", "/api/campaigns", headers={"Host": f"{host}:{port}"})
+            return connection.getresponse().status
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+        finally:
+            connection.close()
+
+
+def test_ui_bound_to_another_loopback_address_still_checks_the_host(
+    sqlite_database: str,
+) -> None:
+    """`vpo ui --host 127.0.0.2` is local like 127.0.0.1: it says so and refuses a request
+    naming another host (DNS rebinding), while its own address is served."""
+    port = free_port()
+    process = start_vpo("ui", "--db", sqlite_database, "--host", "127.0.0.2", "--port", str(port))
+    assert process.stdout is not None
+    lines = [process.stdout.readline(), process.stdout.readline()]
+    assert f"http://127.0.0.2:{port}/" in lines[1], lines
+    assert _get("127.0.0.2", port, "127.0.0.2") == 200
+    assert _get("127.0.0.2", port, "attacker.example") == 400
+    process.terminate()
+    out, _ = process.communicate(timeout=30)
+    assert "anyone who can reach this port" not in "".join(lines) + out
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/top?weights=inf,1",
+        "/api/top?weights=1,inf",
+        "/api/top?weights=nan,1",
+        "/api/top?weights=1e999,1",
+        "/api/top?weights=1e308,1e308",
+        "/api/top?weights=-1,2",
+        "/api/top?weights=0,0",
+        "/api/top?weights=1,2,3",
+        "/api/top?weights=",
+        "/api/top?weights=1,,2",
+        "/api/top?n=99999999999999999999",
+        "/api/top?n=x",
+        "/api/top?campaign=99999999999999999999",
+        "/api/top?campaign=x",
+        "/api/overview?campaign=99999999999999999999",
+        "/api/overview?campaign=-1",
+        "/api/programs/99999999999999999999",
+        "/api/programs/9223372036854775808",
+        "/api/programs/99999999999999999999/lineage",
+        "/api/programs/-1",
+        "/api/programs/0/lineage",
+        "/api/programs/1.5",
+        "/api/programs/x",
+    ],
+)
+def test_bad_url_parameters_are_a_4xx_with_one_line(database: str, path: str) -> None:
+    store = Store.open(database, read_only=True)
+    try:
+        response = TestClient(create_app(store), raise_server_exceptions=False).get(path)
+    finally:
+        store.close()
+    assert 400 <= response.status_code < 500, (path, response.status_code, response.text)
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and detail and "\n" not in detail, detail
+
+
+def test_dashboard_reads_a_database_on_a_read_only_mount(sqlite_database: str) -> None:
+    """`vpo ui` opens the database read-only: on a mount where no -wal or -shm can be created
+    it still serves every view."""
+    folder = Path(sqlite_database).parent
+    with read_only_folder(folder) as view:
+        store = Store.open(str(view / Path(sqlite_database).name), read_only=True)
+        try:
+            client = TestClient(create_app(store))
+            assert client.get("/api/overview").json()["programs"] == 5
+            assert [r["id"] for r in client.get("/api/top?weights=0,1").json()] == [3, 1, 5, 2]
+            assert client.get("/api/programs/5/lineage").json()["depth"] == 2
+        finally:
+            store.close()
 
 
 def _add(store: Store, rng: random.Random, campaign: int, count: int) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
+from conftest import read_only_folder
 
 from harness.cli import main
 from harness.store import Store
@@ -95,6 +98,14 @@ def test_tables_render_and_untrusted_text_stays_inert(
         (["top", "--weights", "x,y"], "numbers separated by commas"),
         (["top", "--objective", "c"], "no objective 'c'"),
         (["diff", "1"], "has no parent"),
+        (["show", "99999999999999999999"], "ids end at 2^63 - 1"),
+        (["lineage", "9223372036854775808"], "ids end at 2^63 - 1"),
+        (["diff", "5", "99999999999999999999"], "ids end at 2^63 - 1"),
+        (["top", "-n", "99999999999999999999"], "-n is at most 1000000"),
+        (["top", "--weights", "inf,1"], "--weights needs 2 numbers, finite and >= 0"),
+        (["top", "--weights", "nan,1"], "--weights needs 2 numbers, finite and >= 0"),
+        (["top", "--weights", "1e308,1e308"], "--weights needs 2 numbers, finite and >= 0"),
+        (["top", "--weights=-1,2"], "--weights needs 2 numbers, finite and >= 0"),
         (["export", "--out", "x", "--format", "xml"], "jsonl or parquet"),
         (["export", "--out", "x", "--what", "groups"], "programs or trajectories"),
     ],
@@ -165,3 +176,66 @@ def test_exports_load_in_hugging_face_datasets(
         assert first["rewards"] == [[0.9, 0.1], [0.1, 0.9]] and first["mask"] == [True, True]
         assert first["token_ids"] == [1, 2, 3] and first["prompt_token_ids"] == [5, 6]
         assert trajectories[1]["mask"] == [True, False]
+
+
+def test_views_read_a_database_on_a_read_only_mount(
+    sqlite_database: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """No -wal or -shm can be created there and the journal mode cannot change: every view
+    still answers, and `vpo status` too."""
+    folder = Path(sqlite_database).parent
+    before = sorted(p.name for p in folder.iterdir())
+    out = tmp_path.with_name(tmp_path.name + "-out")
+    with read_only_folder(folder) as view:
+        db = str(view / Path(sqlite_database).name)
+        assert run(capsys, "stats", "--db", db)["programs"] == 5
+        assert [row["id"] for row in run(capsys, "top", "--db", db, "-n", "2")] == [5, 1]
+        assert sorted(row["id"] for row in run(capsys, "pareto", "--db", db)) == [1, 3, 5]
+        assert run(capsys, "show", "--db", db, "5")["parent_id"] == 2
+        assert run(capsys, "lineage", "--db", db, "5")["depth"] == 2
+        exported = run(capsys, "export", "--db", db, "--out", str(out / "p.jsonl"))
+        assert exported["rows"] == 5
+        assert main(["status", "--db", db, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["programs"] == 5
+        assert main(["db", "show", "--db", db, "4"]) == 0  # tables render too
+        assert "\\x1b[2J" in capsys.readouterr().out
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing was written
+
+
+def test_views_on_a_read_only_mount_see_a_live_writer(
+    sqlite_database: str, capsys: pytest.CaptureFixture
+) -> None:
+    """While a campaign writes the database elsewhere, its -wal and -shm exist: a reader on a
+    read-only view of the folder reads through them and sees the newest commits."""
+    folder = Path(sqlite_database).parent
+    with read_only_folder(folder) as view:
+        db = str(view / Path(sqlite_database).name)
+        with Store.open(sqlite_database) as writer:
+            writer.add_program(1, "x = 1\n", status="ok", scores={"a": 1.0, "b": 1.0}, raw={})
+            assert run(capsys, "stats", "--db", db)["programs"] == 6
+            writer.add_program(1, "x = 2\n", status="ok", scores={"a": 0.0, "b": 0.0}, raw={})
+            assert run(capsys, "stats", "--db", db)["programs"] == 7
+            assert run(capsys, "top", "--db", db, "-n", "1")[0]["id"] == 6
+
+
+def test_a_read_only_mount_with_unread_commits_is_a_one_line_error(
+    sqlite_database: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A -wal file with commits but no -shm (a copy taken mid-campaign): SQLite can read those
+    commits only through a -shm file, which cannot be made there; reading without them would
+    show an old database, so it is refused."""
+    writer = sqlite3.connect(sqlite_database)
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("UPDATE campaign SET status = 'stopped'")
+    writer.commit()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(sqlite_database, copy / "c.db")
+    shutil.copy(f"{sqlite_database}-wal", copy / "c.db-wal")
+    writer.close()
+    with read_only_folder(copy) as view:
+        with pytest.raises(SystemExit) as exit:
+            main(["db", "stats", "--db", str(view / "c.db")])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "c.db-wal holds commits" in err

@@ -26,6 +26,20 @@ from harness.llm.base import Completion, GenerationError, Message, Sampling, che
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
 
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """The Authorization header from the key in $`api_key_env` (none when that is None or "");
+    a UserError when the variable is not set. A campaign checks this before it starts."""
+    if not api_key_env:
+        return {}
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise UserError(
+            f"the openai backend reads its API key from ${api_key_env}, which is not set; "
+            "set it, or pass an empty api_key_env for a server without a key"
+        )
+    return {"Authorization": f"Bearer {key}"}
+
+
 class OpenAIGenerator:
     backend = "openai"
 
@@ -57,15 +71,7 @@ class OpenAIGenerator:
         # by name, with the folder the server reads it from.
         self.adapter: str | None = None
         self.adapters: dict[str, str] = {}
-        headers = {}
-        if api_key_env:
-            key = os.environ.get(api_key_env)
-            if not key:
-                raise UserError(
-                    f"the openai backend reads its API key from ${api_key_env}, which is not set; "
-                    "set it, or pass an empty api_key_env for a server without a key"
-                )
-            headers["Authorization"] = f"Bearer {key}"
+        headers = auth_headers(api_key_env)
         self.client = httpx.Client(
             base_url=self.base_url,
             headers=headers,
