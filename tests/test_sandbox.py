@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from harness import zygote
-from harness.errors import UserError
 from harness.confinement import UID_COUNT, UID_FIRST
+from harness.errors import UserError
 from harness.sandbox import Call, Limits, Outcome, Sandbox
 
 PROJECT = Path(__file__).resolve().parents[1]
