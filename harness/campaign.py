@@ -1,10 +1,10 @@
 """The campaign loop, top to bottom: select -> prompt -> generate -> parse -> evaluate -> store.
 
-One iteration picks a parent (and drafts) on one island, builds one prompt, samples G rollouts of
-m candidates each, evaluates the new candidates in the sandbox and stores the group, its
-rollouts and programs in one transaction. Generation of the next iteration overlaps the
-evaluation of the previous one (a single background thread evaluates and stores, in order), so
-the generator is not idle while candidates run.
+One iteration picks a parent (and drafts) on one island, builds one prompt, samples G rollouts
+of `candidates` candidates each, classifies them (`harness.iteration`), evaluates the new ones
+in the sandbox and stores the group, its rollouts and programs in one transaction. Generation
+of the next iteration overlaps the evaluation of the previous one (a single background thread
+evaluates and stores, in order), so the generator is not idle while candidates run.
 
 The database is the checkpoint: the number of iterations done is the number of groups, the
 random stream of iteration k depends only on (seed, k), and a killed run loses at most the
@@ -14,28 +14,20 @@ iterations in flight.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.evaluate import evaluate, evaluate_many
-from harness.llm import Completion, GenerationError, Generator, Sampling, make_generator
+from harness.iteration import ParsedGroup, SampledIteration, classify_group, rollout_records
+from harness.llm import Completion, GenerationError, Generator, Sampling
 from harness.llm.base import storable
-from harness.parsing import parse_completion
 from harness.prompts import build_prompt
-from harness.records import (
-    CampaignRecord,
-    CandidateRecord,
-    NewProgram,
-    ProgramRecord,
-    RolloutRecord,
-    code_hash,
-)
+from harness.records import CampaignRecord, ProgramRecord
 from harness.sandbox import Limits, Sandbox
 from harness.selection import (
     Population,
@@ -51,7 +43,6 @@ from harness.training import (
     base_generator,
     check_backend,
     maybe_train,
-    serve_adapter,
     start_trainer,
     trainer_generator,
 )
@@ -88,8 +79,8 @@ class Progress:
 
 
 @dataclass
-class Campaign:
-    """Everything one run of a campaign works with."""
+class CampaignRun:
+    """Everything one run of a campaign works with (the campaign itself is in the database)."""
 
     config: CampaignConfig
     problem: Problem
@@ -205,7 +196,7 @@ def _settle_status(
 
 def prepare(
     config: CampaignConfig, store: Store, problem: Problem, campaign_id: int, sandbox: Sandbox
-) -> Campaign:
+) -> CampaignRun:
     """The seed stored once, and the population and code hashes loaded from the database."""
     limits = Limits(
         wall_seconds=config.time_limit or float(problem.time_limit),
@@ -213,7 +204,7 @@ def prepare(
     )
     seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
     objectives = [o.name for o in problem.objectives]
-    campaign = Campaign(
+    campaign = CampaignRun(
         config,
         problem,
         store,
@@ -230,7 +221,7 @@ def prepare(
 
 
 def evolve(
-    campaign: Campaign,
+    campaign: CampaignRun,
     generator: Generator,
     first_iteration: int,
     on_progress: Callable[[int, Progress], None] | None,
@@ -246,24 +237,13 @@ def evolve(
         pending: Future[None] | None = None
         for iteration in range(first_iteration, config.iterations):
             version = campaign.trainer.version_id if campaign.trainer else None
-            selection, parent, prompt, completions, moving = sample_iteration(
-                campaign, generator, iteration, selection_config, sampling
+            sampled = sample_iteration(
+                campaign, generator, iteration, selection_config, sampling, version
             )
             if pending is not None:
                 pending.result()  # the previous iteration is stored before this one
                 train(campaign, generator)
-            pending = evaluator.submit(
-                _store_and_report,
-                on_progress,
-                campaign,
-                iteration,
-                selection,
-                parent,
-                prompt,
-                completions,
-                moving,
-                version,
-            )
+            pending = evaluator.submit(_store_and_report, campaign, sampled, on_progress)
             if not overlap:
                 pending.result()
         if pending is not None:
@@ -286,14 +266,16 @@ def loop_settings(config: CampaignConfig) -> tuple[SelectionConfig, Sampling]:
 
 
 def sample_iteration(
-    campaign: Campaign,
+    campaign: CampaignRun,
     generator: Generator,
     iteration: int,
     selection_config: SelectionConfig,
     sampling: Sampling,
-) -> tuple[Selection, ProgramRecord, list[dict[str, str]], list[Completion], list[Any]]:
+    policy_version_id: int | None = None,
+) -> SampledIteration:
     """Iteration k up to its evaluation: parent and drafts chosen with the random stream of
-    (seed, k), the prompt, the G completions, and the programs migrating after it."""
+    (seed, k), the prompt, the G completions (from policy version `policy_version_id`), and
+    the programs migrating after it."""
     config = campaign.config
     rng = np.random.default_rng([config.seed, iteration])
     refresh_population(campaign)
@@ -301,33 +283,25 @@ def sample_iteration(
     parent, *drafts = campaign.store.programs_by_ids([selection.parent_id, *selection.draft_ids])
     prompt = build_prompt(campaign.problem, parent, drafts, config.candidates)
     completions = generate(campaign, generator, prompt, sampling, iteration)
-    moving = []
-    if config.strategy == "evolve" and should_migrate(
-        iteration, selection_config.migration_interval
-    ):
-        moving = migrants(
-            campaign.population,
-            selection_config.islands,
-            selection_config.migrants_per_island,
-            rng,
-        )
-    return selection, parent, prompt, completions, moving
+    moving = migrations(campaign, iteration, rng, selection_config)
+    return SampledIteration(
+        iteration, selection, parent, prompt, completions, moving, policy_version_id
+    )
 
 
 def _store_and_report(
+    campaign: CampaignRun,
+    sampled: SampledIteration,
     on_progress: Callable[[int, Progress], None] | None,
-    campaign: Campaign,
-    iteration: int,
-    *args: Any,
 ) -> None:
     """The evaluation thread's job: evaluate and store an iteration, then report it at once
     (not when the next generation ends, which on a CPU is minutes later)."""
-    evaluate_and_store(campaign, iteration, *args)
+    evaluate_and_store(campaign, sampled)
     if on_progress:
-        on_progress(iteration + 1, campaign.progress)
+        on_progress(sampled.iteration + 1, campaign.progress)
 
 
-def train(campaign: Campaign, generator: Generator) -> bool:
+def train(campaign: CampaignRun, generator: Generator) -> bool:
     """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
     share the weights being trained): one in the steady state, more when a resumed run finds
     the groups a killed one recorded but did not train on; True when any ran."""
@@ -341,7 +315,7 @@ def train(campaign: Campaign, generator: Generator) -> bool:
 
 
 def choose(
-    campaign: Campaign, iteration: int, rng: np.random.Generator, config: SelectionConfig
+    campaign: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
 ) -> Selection:
     if campaign.config.strategy == "best-of-n":
         # The baseline: the same prompt every time, so evolution's gain can be measured.
@@ -349,8 +323,19 @@ def choose(
     return select(campaign.population, iteration, rng, config)
 
 
+def migrations(
+    campaign: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
+) -> list[tuple[int, int]]:
+    """(program id, destination island) of the programs migrating after this iteration."""
+    if campaign.config.strategy != "evolve" or not should_migrate(
+        iteration, config.migration_interval
+    ):
+        return []
+    return migrants(campaign.population, config.islands, config.migrants_per_island, rng)
+
+
 def generate(
-    campaign: Campaign,
+    campaign: CampaignRun,
     generator: Generator,
     prompt: list[dict[str, str]],
     sampling: Sampling,
@@ -377,104 +362,53 @@ def generate(
     raise AssertionError("unreachable")
 
 
-def evaluate_and_store(
-    campaign: Campaign,
-    iteration: int,
-    selection: Selection,
-    parent: ProgramRecord,
-    prompt: list[dict[str, str]],
-    completions: Sequence[Completion],
-    moving: Sequence[tuple[int, int]],
-    policy_version_id: int | None = None,
-) -> None:
-    m = campaign.config.candidates
-    # Parse every rollout; decide which candidates are new code worth evaluating.
-    slots: list[list[tuple[int, str, str | None, str | None]]] = []  # (index, outcome, hash/reason)
-    fresh: dict[str, str] = {}  # code hash -> code, in first-seen order
-    parse_notes: list[tuple[str, str | None]] = []
-    for completion in completions:
-        parsed = {c.index: c for c in parse_completion(completion.text, m, parent.code)}
-        rollout_slots = []
-        errors = []
-        for index in range(1, m + 1):
-            candidate = parsed.get(index)
-            if candidate is None or candidate.code is None:
-                reason = candidate.error if candidate else f"no candidate {index} in the completion"
-                rollout_slots.append((index, "unparsed", None, reason))
-                errors.append(f"{index}: {reason}")
-            elif "\x00" in candidate.code:
-                rollout_slots.append((index, "unparsed", None, "the code contains a NUL byte"))
-                errors.append(f"{index}: NUL byte")
-            else:
-                digest = code_hash(candidate.code)
-                if digest in campaign.seen or digest in fresh:
-                    rollout_slots.append((index, "duplicate", digest, None))
-                else:
-                    fresh[digest] = candidate.code
-                    rollout_slots.append((index, "new", digest, None))
-        parsed_count = sum(1 for s in rollout_slots if s[1] != "unparsed")
-        status = "ok" if parsed_count == m else ("partial" if parsed_count else "none")
-        parse_notes.append((status, "; ".join(errors)[:500] or None))
-        slots.append(rollout_slots)
-
-    evaluations = dict(
-        zip(
-            fresh,
-            evaluate_many(
-                campaign.problem, list(fresh.values()), campaign.sandbox, campaign.limits
-            ),
-            strict=True,
-        )
+def evaluate_and_store(campaign: CampaignRun, sampled: SampledIteration) -> None:
+    """Classify the candidates, evaluate the new ones in the sandbox, store the iteration."""
+    group = classify_group(
+        [completion.text for completion in sampled.completions],
+        campaign.config.candidates,
+        sampled.parent.code,
+        campaign.seen,
     )
-    rollouts = []
-    for completion, rollout_slots, (status, error) in zip(
-        completions, slots, parse_notes, strict=True
-    ):
-        candidates = []
-        for index, outcome, digest, reason in rollout_slots:
-            if outcome == "new":
-                assert digest is not None
-                candidates.append(
-                    CandidateRecord(
-                        index, "new", _new_program(fresh[digest], evaluations[digest]), digest
-                    )
-                )
-            else:
-                candidates.append(CandidateRecord(index, outcome, None, digest, reason))
-        rollouts.append(
-            RolloutRecord(
-                completion.text,
-                completion.token_ids,
-                completion.logprobs,
-                completion.finish_reason,
-                status,
-                error,
-                candidates,
-            )
-        )
+    new_code = group.new_code
+    evaluations = evaluate_many(
+        campaign.problem, list(new_code.values()), campaign.sandbox, campaign.limits
+    )
+    store_iteration(campaign, sampled, group, dict(zip(new_code, evaluations, strict=True)))
+
+
+def store_iteration(
+    campaign: CampaignRun,
+    sampled: SampledIteration,
+    group: ParsedGroup,
+    evaluations: Mapping[str, Evaluation],
+) -> None:
+    """The group, its rollouts and its new programs (`evaluations` by code hash) in one
+    transaction; then this run's code hashes and progress."""
+    selection = sampled.selection
     campaign.store.record_iteration(
         campaign.campaign_id,
-        iteration=iteration,
+        iteration=sampled.iteration,
         island=selection.island,
         parent_id=selection.parent_id,
         draft_ids=selection.draft_ids,
-        prompt=prompt,
-        prompt_token_ids=completions[0].prompt_token_ids if completions else None,
-        rollouts=rollouts,
-        policy_version_id=policy_version_id,
-        migrations=moving,
+        prompt=sampled.prompt,
+        prompt_token_ids=sampled.prompt_token_ids,
+        rollouts=rollout_records(group, sampled.completions, evaluations),
+        policy_version_id=sampled.policy_version_id,
+        migrations=sampled.migrations,
     )
-    campaign.seen.update(fresh)
+    campaign.seen.update(group.new_code)
     progress = campaign.progress
     progress.iterations += 1
-    progress.evaluations += len(fresh)
+    progress.evaluations += len(evaluations)
     for evaluation in evaluations.values():
         if evaluation.status == "ok":
             for name, value in evaluation.scores.items():
                 progress.best[name] = max(progress.best.get(name, 0.0), value)
 
 
-def refresh_population(campaign: Campaign) -> None:
+def refresh_population(campaign: CampaignRun) -> None:
     """Append the programs stored since the last refresh (by this or any other process)."""
     ids, islands, valid, scores, hashes = campaign.store.program_vectors(
         campaign.campaign_id, campaign.objectives, after_id=campaign.last_program_id
@@ -487,159 +421,3 @@ def refresh_population(campaign: Campaign) -> None:
         for name, value in zip(campaign.objectives, scores[valid].max(axis=0), strict=True):
             best[name] = max(best.get(name, 0.0), float(value))
     campaign.last_program_id = int(ids[-1])
-
-
-def _new_program(code: str, evaluation: Evaluation) -> NewProgram:
-    return NewProgram(
-        code=code,
-        status=evaluation.status,
-        scores=dict(evaluation.scores),
-        raw=dict(evaluation.raw),
-        error=evaluation.reason,
-        eval_seconds=evaluation.seconds,
-        metrics={"artifacts": dict(evaluation.artifacts)},
-    )
-
-
-def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
-    summary = store.summary(campaign_id)
-    return {
-        "programs": summary.programs,
-        "valid_programs": summary.valid_programs,
-        "evaluations": summary.evaluations,
-        "groups": summary.groups,
-        "trajectories": summary.trajectories,
-        "policy_versions": summary.policy_versions,
-        "tokens": summary.tokens,
-        "best": summary.best,
-    }
-
-
-# Workers: several processes, on any machines, taking iterations of one campaign -------------
-
-
-def run_worker(
-    config: CampaignConfig,
-    store: Store,
-    problem: Problem,
-    worker: str,
-    *,
-    lease_seconds: float = 900.0,
-    poll_seconds: float = 2.0,
-    generator: Generator | None = None,
-    on_progress: Callable[[int, Progress], None] | None = None,
-) -> int:
-    """Take iterations of the campaign until its budget is recorded; return how many this
-    worker recorded.
-
-    Each iteration is claimed in the database first (`Store.claim_iteration`), so workers never
-    run the same one, and one whose worker died is taken over once its claim is older than
-    `lease_seconds`. The random stream of iteration k still depends only on (seed, k). Before
-    each iteration the worker loads the newest policy version a `vpo train --follow` process
-    recorded; it never trains itself.
-    """
-    campaign_id = open_campaign_shared(store, config, problem)
-    name = config.name or problem.name
-    owns_generator = generator is None
-    done = 0
-    loaded: int | None = None
-    with Sandbox(workers=config.sandbox_workers) as sandbox:
-        campaign = prepare(config, store, problem, campaign_id, sandbox)
-        selection_config, sampling = loop_settings(config)
-        try:
-            while True:
-                iteration = store.claim_iteration(
-                    campaign_id, worker, budget=config.iterations, lease_seconds=lease_seconds
-                )
-                if iteration is None:
-                    if store.open_claims(campaign_id) == 0:
-                        break  # every iteration is recorded
-                    time.sleep(poll_seconds)  # others are still working; one may die
-                    continue
-                try:
-                    latest = store.latest_policy(campaign_id)
-                    if generator is None or (latest is not None and latest.id != loaded):
-                        generator = _worker_generator(config, name, latest, generator)
-                        loaded = None if latest is None else latest.id
-                    selection, parent, prompt, completions, moving = sample_iteration(
-                        campaign, generator, iteration, selection_config, sampling
-                    )
-                    evaluate_and_store(
-                        campaign,
-                        iteration,
-                        selection,
-                        parent,
-                        prompt,
-                        completions,
-                        moving,
-                        loaded,
-                    )
-                except UserError as error:
-                    if "already recorded" not in str(error):
-                        store.release_claim(campaign_id, iteration, worker)
-                        raise
-                    # Our lease ran out and another worker recorded this iteration first.
-                    store.record_event(
-                        campaign_id, "iteration_lost", {"iteration": iteration, "worker": worker}
-                    )
-                    continue
-                except BaseException:
-                    store.release_claim(campaign_id, iteration, worker)
-                    raise
-                done += 1
-                if on_progress:
-                    on_progress(iteration + 1, campaign.progress)
-        finally:
-            if owns_generator and generator is not None:
-                generator.close()
-    if store.iterations_done(campaign_id) >= config.iterations:
-        store.set_campaign_status(campaign_id, "finished")
-    return done
-
-
-def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem) -> int:
-    """The campaign by name, created by whichever worker comes first."""
-    name = config.name or problem.name
-    for _ in range(3):
-        existing = store.get_campaign(name)
-        if existing is not None:
-            if existing.problem != problem.name:
-                raise UserError(
-                    f"campaign {name!r} in {store.where} runs problem {existing.problem!r}, "
-                    f"not {problem.name!r}"
-                )
-            return existing.id
-        try:
-            return store.create_campaign(name, problem.name, config.to_dict(), config.seed)
-        except UserError:
-            continue  # another worker created it a moment ago
-    raise UserError(f"could not create or find campaign {name!r} in {store.where}")
-
-
-def _worker_generator(
-    config: CampaignConfig, campaign_name: str, latest: Any, current: Generator | None
-) -> Generator:
-    """A generator sampling from the newest policy version (the base model before any)."""
-    from pathlib import Path
-
-    if latest is None:
-        return current if current is not None else base_generator(config)
-    folder = Path(latest.path)
-    if config.backend == "openai":
-        # A shared server: the version becomes an adapter there, loaded by whichever worker
-        # comes first and sampled from by name.
-        generator = current if current is not None else base_generator(config)
-        serve_adapter(generator, campaign_name, latest.step, folder)
-        return generator
-    merged = folder.with_name(folder.name + "-merged")
-    if not (folder / "config.json").exists() and merged.exists():
-        folder = merged  # a LoRA version: the trainer also wrote it merged for the workers
-    if current is None and config.backend != "transformers":
-        current = base_generator(config)  # vllm: start the engine once, then reload weights
-    reload = getattr(current, "reload_weights", None)
-    if reload is not None:
-        reload(str(folder))
-        return current  # type: ignore[return-value]
-    if current is not None:
-        current.close()
-    return make_generator("transformers", str(folder))

@@ -604,7 +604,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import socket
 
-    from harness.campaign import run_worker
+    from harness.worker import run_worker
 
     if args.db is None:
         raise UserError("a worker joins a campaign in a database: give --db (postgresql://...)")
@@ -737,8 +737,8 @@ def _train_answers(args: argparse.Namespace, out: Path) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness.campaign import summary_json
     from harness.store import Store
+    from harness.views import summary_json
 
     with Store.open(args.db, read_only=True) as store:  # a view: works on a read-only mount
         campaign = _find_campaign(store, args.name, required=True)

@@ -22,9 +22,22 @@ from harness.selection import pareto_front
 from harness.store import Store
 
 
-def stats(store: Store, campaign_id: int) -> dict[str, Any]:
-    from harness.campaign import summary_json
+def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
+    """What `vpo status` shows: counts by aggregate query and the best value per objective."""
+    summary = store.summary(campaign_id)
+    return {
+        "programs": summary.programs,
+        "valid_programs": summary.valid_programs,
+        "evaluations": summary.evaluations,
+        "groups": summary.groups,
+        "trajectories": summary.trajectories,
+        "policy_versions": summary.policy_versions,
+        "tokens": summary.tokens,
+        "best": summary.best,
+    }
 
+
+def stats(store: Store, campaign_id: int) -> dict[str, Any]:
     report = summary_json(store, campaign_id)
     counts = store.counts(campaign_id)
     report["programs_by_status"] = counts.programs

@@ -9,13 +9,15 @@ from conftest import campaign_invariants
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from harness.campaign import evaluate_and_store, prepare, run_campaign, summary_json
+from harness.campaign import evaluate_and_store, prepare, run_campaign
 from harness.config import build
 from harness.db import GroupDraft, RolloutGroup, Trajectory
+from harness.iteration import SampledIteration
 from harness.llm import Completion
 from harness.sandbox import Sandbox
 from harness.selection import Selection
 from harness.store import Store
+from harness.views import summary_json
 from problems.circle_packing import SEED_PROGRAM, CirclePacking
 
 
@@ -99,7 +101,9 @@ def test_candidates_are_evaluated_once_and_failures_recorded(tmp_path: Path) -> 
         campaign = prepare(config, store, problem, campaign_id, sandbox)
         seed = store.program(campaign.seed_id)
         prompt = [{"role": "user", "content": "improve"}]
-        evaluate_and_store(campaign, 0, Selection(0, seed.id, ()), seed, prompt, completions, [])
+        evaluate_and_store(
+            campaign, SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, completions, [])
+        )
     with Session(store.engine) as session:
         trajectories = session.scalars(select(Trajectory).order_by(Trajectory.position)).all()
     first, second = (t.candidates for t in trajectories)

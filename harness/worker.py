@@ -1,0 +1,141 @@
+"""Workers: several processes, on any machines, taking iterations of one campaign.
+
+`vpo worker` runs `run_worker`: the same iterations as `campaign.evolve`, each claimed in the
+database first so no two workers run one, sampled from the newest policy version a
+`vpo train --follow` process recorded. Workers never train.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.campaign import Progress, evaluate_and_store, loop_settings, prepare, sample_iteration
+from harness.config import CampaignConfig
+from harness.errors import UserError
+from harness.llm import Generator, make_generator
+from harness.records import PolicyRecord
+from harness.sandbox import Sandbox
+from harness.store import Store
+from harness.training import base_generator, serve_adapter
+from problems.api import Problem
+
+
+def run_worker(
+    config: CampaignConfig,
+    store: Store,
+    problem: Problem,
+    worker: str,
+    *,
+    lease_seconds: float = 900.0,
+    poll_seconds: float = 2.0,
+    generator: Generator | None = None,
+    on_progress: Callable[[int, Progress], None] | None = None,
+) -> int:
+    """Take iterations of the campaign until its budget is recorded; return how many this
+    worker recorded.
+
+    Each iteration is claimed in the database first (`Store.claim_iteration`), so workers never
+    run the same one, and one whose worker died is taken over once its claim is older than
+    `lease_seconds`. The random stream of iteration k still depends only on (seed, k). Before
+    each iteration the worker loads the newest policy version a `vpo train --follow` process
+    recorded; it never trains itself.
+    """
+    campaign_id = open_campaign_shared(store, config, problem)
+    name = config.name or problem.name
+    owns_generator = generator is None
+    done = 0
+    loaded: int | None = None
+    with Sandbox(workers=config.sandbox_workers) as sandbox:
+        campaign = prepare(config, store, problem, campaign_id, sandbox)
+        selection_config, sampling = loop_settings(config)
+        try:
+            while True:
+                iteration = store.claim_iteration(
+                    campaign_id, worker, budget=config.iterations, lease_seconds=lease_seconds
+                )
+                if iteration is None:
+                    if store.open_claims(campaign_id) == 0:
+                        break  # every iteration is recorded
+                    time.sleep(poll_seconds)  # others are still working; one may die
+                    continue
+                try:
+                    latest = store.latest_policy(campaign_id)
+                    if generator is None or (latest is not None and latest.id != loaded):
+                        generator = _worker_generator(config, name, latest, generator)
+                        loaded = None if latest is None else latest.id
+                    sampled = sample_iteration(
+                        campaign, generator, iteration, selection_config, sampling, loaded
+                    )
+                    evaluate_and_store(campaign, sampled)
+                except UserError as error:
+                    if "already recorded" not in str(error):
+                        store.release_claim(campaign_id, iteration, worker)
+                        raise
+                    # Our lease ran out and another worker recorded this iteration first.
+                    store.record_event(
+                        campaign_id, "iteration_lost", {"iteration": iteration, "worker": worker}
+                    )
+                    continue
+                except BaseException:
+                    store.release_claim(campaign_id, iteration, worker)
+                    raise
+                done += 1
+                if on_progress:
+                    on_progress(iteration + 1, campaign.progress)
+        finally:
+            if owns_generator and generator is not None:
+                generator.close()
+    if store.iterations_done(campaign_id) >= config.iterations:
+        store.set_campaign_status(campaign_id, "finished")
+    return done
+
+
+def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem) -> int:
+    """The campaign by name, created by whichever worker comes first."""
+    name = config.name or problem.name
+    for _ in range(3):
+        existing = store.get_campaign(name)
+        if existing is not None:
+            if existing.problem != problem.name:
+                raise UserError(
+                    f"campaign {name!r} in {store.where} runs problem {existing.problem!r}, "
+                    f"not {problem.name!r}"
+                )
+            return existing.id
+        try:
+            return store.create_campaign(name, problem.name, config.to_dict(), config.seed)
+        except UserError:
+            continue  # another worker created it a moment ago
+    raise UserError(f"could not create or find campaign {name!r} in {store.where}")
+
+
+def _worker_generator(
+    config: CampaignConfig,
+    campaign_name: str,
+    latest: PolicyRecord | None,
+    current: Generator | None,
+) -> Generator:
+    """A generator sampling from the newest policy version (the base model before any)."""
+    if latest is None:
+        return current if current is not None else base_generator(config)
+    folder = Path(latest.path)
+    if config.backend == "openai":
+        # A shared server: the version becomes an adapter there, loaded by whichever worker
+        # comes first and sampled from by name.
+        generator = current if current is not None else base_generator(config)
+        serve_adapter(generator, campaign_name, latest.step, folder)
+        return generator
+    merged = folder.with_name(folder.name + "-merged")
+    if not (folder / "config.json").exists() and merged.exists():
+        folder = merged  # a LoRA version: the trainer also wrote it merged for the workers
+    if current is None and config.backend != "transformers":
+        current = base_generator(config)  # vllm: start the engine once, then reload weights
+    reload = getattr(current, "reload_weights", None)
+    if reload is not None:
+        reload(str(folder))
+        return current  # type: ignore[return-value]
+    if current is not None:
+        current.close()
+    return make_generator("transformers", str(folder))
