@@ -8,19 +8,23 @@ take no time, on a SQLite campaign of N synthetic circle-packing programs (1.5 K
 0.8-2.1 KB of code, two objectives, 4 islands, ~10% not ok), stage by stage as `campaign.evolve`
 runs them:
 
-- refresh: `Store.program_vectors(after_id=last)` and `Population.extend` (the new programs)
-- select: `selection.select` (island, parent, drafts), and `migrants` every 20th iteration
+- refresh: `campaign.refresh_population` (`Store.program_vectors(after_id=last)` and
+  `Population.extend` of the new programs)
+- select: `campaign.choose` (island, parent, drafts), and `campaign.migrations` (every 20th
+  iteration)
 - load: `Store.programs_by_ids` for the parent and the 3 drafts
-- prompt: `build_prompt` with m = 3
-- parse: `parse_completion` of G = 4 canned completions (thinking, tags, full programs, edits,
-  a truncated and a missing candidate), duplicate check by code hash, the rollout records
-- record: `Store.record_iteration` of the group, 4 trajectories (with token ids and logprobs)
-  and the ~6 new programs, each with a precomputed evaluation (the sandbox is not run)
+- prompt: `build_prompt` with 3 candidates
+- parse: `iteration.classify_group` of G = 4 canned completions (thinking, tags, full programs,
+  edits, a truncated and a missing candidate): parsing and the duplicate check by code hash
+- record: `campaign.store_iteration`: the rollout records, and `Store.record_iteration` of the
+  group, 4 trajectories (with token ids and logprobs) and the ~6 new programs, each with a
+  precomputed evaluation (the sandbox is not run)
 
-The completions are written between `prompt` and `parse`, outside the clock: that is the
-generator's time. Each iteration stores ~6 programs, so N grows during the run (the table says
-from what to what). The one-time load at start or resume (all vectors, all code hashes) is shown
-apart.
+Each stage calls the loop's own functions, on a `campaign.CampaignRun` built as
+`campaign.prepare` builds it. The completions are written between `prompt` and `parse`, outside
+the clock: that is the generator's time. Each iteration stores ~6 programs, so N grows during
+the run (the table says from what to what). The one-time load at start or resume (all vectors,
+all code hashes) is shown apart.
 
 OpenEvolve (0.4.0, in its own virtual environment so the project's is never touched) holds the
 same N programs in its `ProgramDatabase`, filled directly (its `add` keeps only MAP-Elites
@@ -58,9 +62,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if TYPE_CHECKING:
-    from harness.records import NewProgram, RolloutRecord
-    from harness.selection import Population
+    from harness.llm import Completion
     from harness.store import Store
+    from problems.api import Evaluation
 
 # harness is imported inside the functions that use it: this file also runs, with
 # --openevolve-side, under OpenEvolve's environment, which has no SQLAlchemy.
@@ -72,7 +76,7 @@ OBJECTIVES = ("n26", "n32")
 BEST_KNOWN = {"n26": 2.63598308, "n32": 2.9379445}
 ISLANDS = 4
 GROUP_SIZE = 4  # G rollouts per prompt
-CANDIDATES = 3  # m candidates per rollout
+CANDIDATES = 3  # per rollout
 DRAFTS = 3
 MIGRATION_INTERVAL = 20  # the campaign default
 INVALID_SHARE = 0.1
@@ -276,111 +280,74 @@ def canned_completions(parent_code: str, iteration: int) -> list[str]:
     return texts
 
 
-def precomputed_evaluations(count: int) -> list[tuple[str, dict[str, float], dict[str, Any]]]:
-    """(status, scores, metrics) to give new programs in turn, as the sandbox would report."""
+def precomputed_evaluations(count: int) -> list[Evaluation]:
+    """Evaluations to give new programs in turn, as the sandbox would report them."""
+    from problems.api import Evaluation
+
     rng = random.Random(SEED + 1)
     evaluations = []
     for _ in range(count):
         status, scores = synthetic_scores(rng)
         error = None if status == "ok" else "circles 4 and 9 overlap by 1.2e-05"
-        evaluations.append((status, scores, {"artifacts": _artifacts(status, error)}))
+        raw = {o: v * BEST_KNOWN[o] if status == "ok" else None for o, v in scores.items()}
+        artifacts = _artifacts(status, error)
+        evaluations.append(Evaluation(status, scores, raw, error, 0.8, artifacts))
     return evaluations
 
 
-def parse_group(
-    completions: list[str],
-    parent_code: str,
-    seen: set[str],
-    evaluations: list[tuple[str, dict[str, float], dict[str, Any]]],
-    counter: list[int],
-) -> tuple[list[RolloutRecord], dict[str, str]]:
-    """What `campaign.evaluate_and_store` does before and after `evaluate_many`."""
-    from harness.parsing import parse_completion
-    from harness.records import CandidateRecord, RolloutRecord, code_hash
+def generated(texts: list[str], prompt: list[dict[str, str]]) -> list[Completion]:
+    """The completions as a generator returns them: chars / 4 token ids and logprobs."""
+    from harness.llm import Completion
 
-    fresh: dict[str, str] = {}
-    slots = []
-    notes = []
-    for text in completions:
-        parsed = {c.index: c for c in parse_completion(text, CANDIDATES, parent_code)}
-        rollout_slots = []
-        errors = []
-        for index in range(1, CANDIDATES + 1):
-            candidate = parsed.get(index)
-            if candidate is None or candidate.code is None:
-                reason = candidate.error if candidate else f"no candidate {index}"
-                rollout_slots.append((index, "unparsed", None, reason))
-                errors.append(f"{index}: {reason}")
-                continue
-            digest = code_hash(candidate.code)
-            if digest in seen or digest in fresh:
-                rollout_slots.append((index, "duplicate", digest, None))
-            else:
-                fresh[digest] = candidate.code
-                rollout_slots.append((index, "new", digest, None))
-        parsed_count = sum(1 for s in rollout_slots if s[1] != "unparsed")
-        status = "ok" if parsed_count == CANDIDATES else ("partial" if parsed_count else "none")
-        notes.append((status, "; ".join(errors)[:500] or None))
-        slots.append(rollout_slots)
-    new_programs = {
-        digest: _new_program(code, evaluations, counter) for digest, code in fresh.items()
-    }
-    rollouts = []
-    for text, rollout_slots, (status, error) in zip(completions, slots, notes, strict=True):
-        candidates = [
-            CandidateRecord(index, outcome, new_programs[digest], digest)
-            if outcome == "new"
-            else CandidateRecord(index, outcome, None, digest, reason)
-            for index, outcome, digest, reason in rollout_slots
-        ]
-        tokens = len(text) // 4
-        rollouts.append(
-            RolloutRecord(
-                text,
-                list(range(1000, 1000 + tokens)),
-                [-0.25] * tokens,
-                "stop",
-                status,
-                error,
-                candidates,
-            )
+    prompt_tokens = tuple(range(sum(len(m["content"]) for m in prompt) // 4))
+    return [
+        Completion(
+            text,
+            tuple(range(1000, 1000 + len(text) // 4)),
+            (-0.25,) * (len(text) // 4),
+            "stop",
+            prompt_tokens,
         )
-    return rollouts, fresh
-
-
-def _new_program(
-    code: str, evaluations: list[tuple[str, dict[str, float], dict[str, Any]]], counter: list[int]
-) -> NewProgram:
-    from harness.records import NewProgram
-
-    status, scores, metrics = evaluations[counter[0] % len(evaluations)]
-    counter[0] += 1
-    raw = {o: v * BEST_KNOWN[o] if status == "ok" else None for o, v in scores.items()}
-    error = None if status == "ok" else "circles 4 and 9 overlap by 1.2e-05"
-    return NewProgram(code, status, scores, raw, error, 0.8, metrics)
+        for text in texts
+    ]
 
 
 def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str, Any]:
     """Per-stage seconds of `iterations` iterations on a fresh campaign of n programs."""
     from sqlalchemy import event
 
+    from harness import campaign
+    from harness.config import build
+    from harness.iteration import SampledIteration, classify_group
     from harness.prompts import build_prompt
-    from harness.selection import Population, SelectionConfig, migrants, select, should_migrate
+    from harness.sandbox import Limits
+    from harness.selection import Population
     from problems.circle_packing import make_problem
 
     problem = make_problem()
     started = time.perf_counter()
     store, campaign_id = build_campaign(folder / f"campaign-{n}.db", n)
     build_seconds = time.perf_counter() - started
-    config = SelectionConfig(islands=ISLANDS, migration_interval=MIGRATION_INTERVAL, drafts=DRAFTS)
-    evaluations = precomputed_evaluations(1000)
-    counter = [0]
+    settings = {"islands": ISLANDS, "migration_interval": MIGRATION_INTERVAL, "drafts": DRAFTS}
+    config = build({"candidates": CANDIDATES, "group_size": GROUP_SIZE, "seed": SEED, **settings})
+    selection_config, _ = campaign.loop_settings(config)
+    evaluations = itertools.cycle(precomputed_evaluations(1000))
 
-    # What `campaign.prepare` loads once, at start or resume.
+    # What `campaign.prepare` loads once, at start or resume (the seed is stored already).
     started = time.perf_counter()
-    seen = set(store.code_hashes(campaign_id))
-    population = Population(OBJECTIVES)
-    last_id = _refresh(store, campaign_id, population, 0)
+    run = campaign.CampaignRun(
+        config,
+        problem,
+        store,
+        campaign_id,
+        None,  # no sandbox: the evaluations are precomputed
+        Limits(),
+        store.programs(campaign_id, origin="seed", limit=1)[0].id,
+        list(OBJECTIVES),  # the synthetic programs score two of the problem's objectives
+        Population(OBJECTIVES),
+        set(store.code_hashes(campaign_id)),
+    )
+    campaign.refresh_population(run)
     load_seconds = time.perf_counter() - started
 
     statements = [0]
@@ -396,15 +363,11 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         rng = np.random.default_rng([SEED, iteration])
         marks = [(time.perf_counter(), statements[0])]  # (clock, SQL statements) at each step
 
-        last_id = _refresh(store, campaign_id, population, last_id)
+        campaign.refresh_population(run)
         marks.append((time.perf_counter(), statements[0]))
 
-        selection = select(population, iteration, rng, config)
-        moving = (
-            migrants(population, ISLANDS, config.migrants_per_island, rng)
-            if should_migrate(iteration, config.migration_interval)
-            else []
-        )
+        selection = campaign.choose(run, iteration, rng, selection_config)
+        moving = campaign.migrations(run, iteration, rng, selection_config)
         marks.append((time.perf_counter(), statements[0]))
 
         parent, *drafts = store.programs_by_ids([selection.parent_id, *selection.draft_ids])
@@ -414,25 +377,17 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         prompt = build_prompt(problem, parent, drafts, CANDIDATES)
         marks.append((time.perf_counter(), statements[0]))
 
-        completions = canned_completions(parent.code, iteration)  # the generator's part
-        prompt_tokens = list(range(sum(len(m["content"]) for m in prompt) // 4))
-        marks.append((time.perf_counter(), statements[0]))
-
-        rollouts, fresh = parse_group(completions, parent.code, seen, evaluations, counter)
-        marks.append((time.perf_counter(), statements[0]))
-
-        store.record_iteration(
-            campaign_id,
-            iteration=iteration,
-            island=selection.island,
-            parent_id=selection.parent_id,
-            draft_ids=selection.draft_ids,
-            prompt=prompt,
-            prompt_token_ids=prompt_tokens,
-            rollouts=rollouts,
-            migrations=moving,
+        texts = canned_completions(parent.code, iteration)  # the generator's part
+        sampled = SampledIteration(
+            iteration, selection, parent, prompt, generated(texts, prompt), moving
         )
-        seen.update(fresh)
+        marks.append((time.perf_counter(), statements[0]))
+
+        group = classify_group(texts, CANDIDATES, parent.code, run.seen)
+        evaluated = {digest: next(evaluations) for digest in group.new_code}
+        marks.append((time.perf_counter(), statements[0]))
+
+        campaign.store_iteration(run, sampled, group, evaluated)
         marks.append((time.perf_counter(), statements[0]))
 
         if iteration >= warmup:
@@ -442,8 +397,8 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
                 samples[stage].append(t1 - t0)
                 counts[stage] += c1 - c0
             sizes["prompt chars"] += sum(len(message["content"]) for message in prompt)
-            sizes["completion chars"] += sum(len(text) for text in completions) / GROUP_SIZE
-            sizes["new programs"] += len(fresh)
+            sizes["completion chars"] += sum(len(text) for text in texts) / GROUP_SIZE
+            sizes["new programs"] += len(evaluated)
     final = store.summary(campaign_id).programs
     store.close()
     return {
@@ -456,17 +411,6 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         "sizes": {what: total / iterations for what, total in sizes.items()},
         "file_mb": (folder / f"campaign-{n}.db").stat().st_size / 2**20,
     }
-
-
-def _refresh(store: Store, campaign_id: int, population: Population, after_id: int) -> int:
-    """`campaign.refresh_population`: append what was stored since `after_id`."""
-    ids, islands, valid, scores, hashes = store.program_vectors(
-        campaign_id, OBJECTIVES, after_id=after_id
-    )
-    if not len(ids):
-        return after_id
-    population.extend(ids, islands, scores, valid=valid, code_hashes=hashes)
-    return int(ids[-1])
 
 
 # -- OpenEvolve, run under its own environment ----------------------------------------------------
