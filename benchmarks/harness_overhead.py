@@ -319,9 +319,9 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     from harness import campaign
     from harness.config import build
     from harness.iteration import SampledIteration, classify_group
+    from harness.population import Population
     from harness.prompts import build_prompt
     from harness.sandbox import Limits
-    from harness.selection import Population
     from problems.circle_packing import make_problem
 
     problem = make_problem()

@@ -26,17 +26,11 @@ from harness.evaluate import evaluate, evaluate_many
 from harness.iteration import ParsedGroup, SampledIteration, classify_group, rollout_records
 from harness.llm import Completion, GenerationError, Generator, Sampling
 from harness.llm.base import storable
+from harness.population import Population
 from harness.prompts import build_prompt
 from harness.records import CampaignRecord, ProgramRecord
 from harness.sandbox import Limits, Sandbox
-from harness.selection import (
-    Population,
-    Selection,
-    SelectionConfig,
-    migrants,
-    select,
-    should_migrate,
-)
+from harness.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.store import Store
 from harness.training import (
     Trainer,

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from harness.population import Population
 from harness.records import ProgramRecord
 from harness.selection import (
-    Population,
     SelectionConfig,
     island_for,
     migrants,
