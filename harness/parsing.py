@@ -1,4 +1,4 @@
-"""Extract the m candidates of one completion: full programs or SEARCH/REPLACE edits to the parent.
+"""Extract the candidates of one completion: full programs or SEARCH/REPLACE edits to the parent.
 
 The expected answer (the prompt asks for it, `format_full` and `format_edits` write it):
 
@@ -16,12 +16,13 @@ The expected answer (the prompt asks for it, `format_full` and `format_edits` wr
     </candidate_2>
 
 Completions are untrusted model output and often malformed. `parse_completion` never raises: it
-returns exactly m `ParsedCandidate`s, each with code or a one-line reason. The rules, in the
-order they apply:
+returns one `ParsedCandidate` per candidate asked for, each with code or a one-line reason. The
+rules, in the order they apply:
 
 - Only the first `MAX_COMPLETION_CHARS` characters are read; a leading, closed
   `<think>...</think>` is dropped (a reasoning model drafts its answers there).
-- Tags are tolerant of case and spacing (`<Candidate 2>`); numbers outside 1..m are ignored.
+- Tags are tolerant of case and spacing (`<Candidate 2>`); numbers outside 1..candidates are
+  ignored.
 - A candidate runs from its opening tag to the next tag of any kind. It is complete when that
   tag is its own closing tag, and is still used when it is another tag (the model moved on and
   forgot to close). When its number opens several times, the first complete one wins, else
@@ -62,7 +63,7 @@ Kind = Literal["full", "edit", "none"]
 
 @dataclass(frozen=True)
 class ParsedCandidate:
-    """Candidate `index` (1..m); `code` is None exactly when `error` says why."""
+    """Candidate `index` (1..candidates); `code` is None exactly when `error` says why."""
 
     index: int
     code: str | None
@@ -128,25 +129,25 @@ def _lines(text: str) -> list[str]:
 
 def parse_completion(
     text: str,
-    m: int,
+    candidates: int,
     parent_code: str,
     *,
     max_chars: int = MAX_COMPLETION_CHARS,
     max_code_chars: int = MAX_CODE_CHARS,
 ) -> list[ParsedCandidate]:
-    """Exactly m candidates, index 1..m, from one completion; never raises on any text."""
-    if m <= 0:
+    """Candidates 1..`candidates` from one completion, all of them; never raises on any text."""
+    if candidates <= 0:
         return []
     if not text.strip():
-        return [_none(index, "empty completion") for index in range(1, m + 1)]
+        return [_none(index, "empty completion") for index in range(1, candidates + 1)]
     text = _drop_thinking(_lf(text[:max_chars]))
     parent = _lf(parent_code)
     fences = _fenced_blocks(text)
     tags = _tags(text)
     aware = _outside(tags, [b for b in fences if b.closed])
-    best = _read(text, m, parent, aware, fences, max_code_chars)
+    best = _read(text, candidates, parent, aware, fences, max_code_chars)
     if len(aware) != len(tags):
-        lenient = _read(text, m, parent, tags, fences, max_code_chars)
+        lenient = _read(text, candidates, parent, tags, fences, max_code_chars)
         if _usable(lenient, tags) > _usable(best, aware):
             best = lenient
     return best
@@ -156,10 +157,10 @@ def _lf(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-def _usable(candidates: list[ParsedCandidate], tags: list[_Tag]) -> tuple[int, bool]:
+def _usable(parsed: list[ParsedCandidate], tags: list[_Tag]) -> tuple[int, bool]:
     # A reading that found tags beats the no-tag fallback with as many candidates: the
     # fallback may have taken a whole tagged answer wrapped in one fence as "the program".
-    return sum(c.code is not None for c in candidates), bool(tags)
+    return sum(c.code is not None for c in parsed), bool(tags)
 
 
 # -- structure: tags, fences, thinking ---------------------------------------------------------
@@ -243,18 +244,18 @@ def _block(text: str, opening: re.Match[str], code_end: int, end: int, closed: b
 
 def _read(
     text: str,
-    m: int,
+    candidates: int,
     parent: str,
     tags: list[_Tag],
     fences: list[_Block],
     max_code_chars: int,
 ) -> list[ParsedCandidate]:
     if not tags:
-        return _untagged(text, m, parent, fences, max_code_chars)
+        return _untagged(text, candidates, parent, fences, max_code_chars)
     # Each opening tag's span: up to the next tag of any kind, and how it ended.
     spans: dict[int, list[tuple[int, int, str]]] = {}
     for i, tag in enumerate(tags):
-        if tag.closing or not 1 <= tag.number <= m:
+        if tag.closing or not 1 <= tag.number <= candidates:
             continue
         after = tags[i + 1] if i + 1 < len(tags) else None
         if after is None:
@@ -266,25 +267,25 @@ def _read(
         spans.setdefault(tag.number, []).append(
             (tag.end, after.start if after else len(text), ending)
         )
-    candidates = []
-    for index in range(1, m + 1):
+    parsed = []
+    for index in range(1, candidates + 1):
         found = spans.get(index)
         if not found:
-            candidates.append(_none(index, f"no <candidate_{index}> in the completion"))
+            parsed.append(_none(index, f"no <candidate_{index}> in the completion"))
             continue
         closed = [s for s in found if s[2] == "closed"]
         # Without a closed one, the last opening is the real attempt (earlier ones are
         # mentions while reasoning); when it runs to the end, generation stopped inside it.
         start, end, ending = closed[0] if closed else found[-1]
         if ending == "eof":
-            candidates.append(_none(index, f"truncated: <candidate_{index}> is never closed"))
+            parsed.append(_none(index, f"truncated: <candidate_{index}> is never closed"))
         else:
-            candidates.append(_candidate(index, text[start:end], parent, max_code_chars))
-    return candidates
+            parsed.append(_candidate(index, text[start:end], parent, max_code_chars))
+    return parsed
 
 
 def _untagged(
-    text: str, m: int, parent: str, fences: list[_Block], max_code_chars: int
+    text: str, candidates: int, parent: str, fences: list[_Block], max_code_chars: int
 ) -> list[ParsedCandidate]:
     python = [b for b in fences if b.info in _PYTHON_INFO]
     if _has_edits(text):
@@ -301,8 +302,8 @@ def _untagged(
             reason = f"no candidate tags and {len(python)} code blocks: cannot tell them apart"
         else:
             reason = "no <candidate_1> tags and no code block in the completion"
-        return [_none(i, reason) for i in range(1, m + 1)]
-    return [first, *(_none(i, rest) for i in range(2, m + 1))]
+        return [_none(i, reason) for i in range(1, candidates + 1)]
+    return [first, *(_none(i, rest) for i in range(2, candidates + 1))]
 
 
 def _candidate(index: int, body: str, parent: str, max_code_chars: int) -> ParsedCandidate:

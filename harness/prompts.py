@@ -1,7 +1,7 @@
 """The prompt: problem statement, parent and drafts with their score vectors, feedback, the ask.
 
-One completion answers with m candidates in numbered tags (see `harness.parsing`). Small models
-have small contexts, so every part is bounded: each program, the feedback, and the whole
+One completion answers with several candidates in numbered tags (see `harness.parsing`). Small
+models have small contexts, so every part is bounded: each program, the feedback, and the whole
 prompt (`max_chars`), which drops drafts first, then shortens the feedback, then the parent.
 
 Program code and stderr are untrusted text. They are shown verbatim (a SEARCH block must match
@@ -38,26 +38,33 @@ def build_prompt(
     problem: Problem,
     parent: ProgramRecord,
     drafts: Sequence[ProgramRecord],
-    m: int = 3,
+    candidates: int = 3,
     *,
     max_chars: int = MAX_CHARS,
     max_program_chars: int = MAX_PROGRAM_CHARS,
     max_draft_chars: int = MAX_DRAFT_CHARS,
     max_feedback_chars: int = MAX_FEEDBACK_CHARS,
 ) -> list[dict[str, str]]:
-    """Chat messages (system, user) asking for m different candidates improving `parent`.
+    """Chat messages (system, user) asking for `candidates` different programs improving `parent`.
 
     Drafts are shown in the order given, and dropped from the end when the prompt would pass
     `max_chars`; the problem statement and the instructions are never cut.
     """
-    if m < 1:
-        raise ValueError(f"m must be at least 1, got {m}")
+    if candidates < 1:
+        raise ValueError(f"candidates must be at least 1, got {candidates}")
     objectives = [o.name for o in problem.objectives]
     kept = list(drafts)
     feedback_chars, parent_chars = max_feedback_chars, max_program_chars
     while True:
         user = _user_message(
-            problem, objectives, parent, kept, m, parent_chars, max_draft_chars, feedback_chars
+            problem,
+            objectives,
+            parent,
+            kept,
+            candidates,
+            parent_chars,
+            max_draft_chars,
+            feedback_chars,
         )
         over = len(SYSTEM) + len(user) - max_chars
         if over <= 0:
@@ -78,7 +85,7 @@ def _user_message(
     objectives: list[str],
     parent: ProgramRecord,
     drafts: Sequence[ProgramRecord],
-    m: int,
+    candidates: int,
     parent_chars: int,
     draft_chars: int,
     feedback_chars: int,
@@ -99,7 +106,7 @@ def _user_message(
             for i, draft in enumerate(drafts)
         ]
         parts.append("# Other programs, for ideas\n\n" + "\n\n".join(shown))
-    parts.append(_task(problem, m))
+    parts.append(_task(problem, candidates))
     return "\n\n".join(parts) + "\n"
 
 
@@ -206,24 +213,28 @@ def _tail(text: str, limit: int) -> str:
     return "... " + cut
 
 
-def _task(problem: Problem, m: int) -> str:
+def _task(problem: Problem, candidates: int) -> str:
     names = [o.name for o in problem.objectives]
     spread = (
         f" A set whose members excel at different objectives ({', '.join(names)}) is worth "
         "more than near copies."
-        if len(names) > 1 and m > 1
+        if len(names) > 1 and candidates > 1
         else ""
     )
     example = "\n".join(
-        [format_full(1, "...a complete program..."), format_edits(min(2, m), [_EXAMPLE_EDIT])]
+        [
+            format_full(1, "...a complete program..."),
+            format_edits(min(2, candidates), [_EXAMPLE_EDIT]),
+        ]
     )
-    each = "each candidate" if m > 1 else "the candidate"
+    each = "each candidate" if candidates > 1 else "the candidate"
+    plural = "s" if candidates > 1 else ""
     return (
         "# Your task\n\n"
-        f"Write {m} candidate program{'s' if m > 1 else ''} that improve on the current "
+        f"Write {candidates} candidate program{plural} that improve on the current "
         f"program. Make each one a genuinely different approach, not a variation of the "
         f"others.{spread} Every program must define `{problem.entry}` as the problem states.\n\n"
-        f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{m}). Make "
+        f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}). Make "
         f"{each} either a complete program in a ```python block, or edits to the current "
         "program as SEARCH/REPLACE blocks whose SEARCH lines are copied exactly from it. "
         "For example:\n\n"

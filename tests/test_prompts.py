@@ -104,7 +104,7 @@ def test_the_format_example_parses_as_promised() -> None:
 def test_one_candidate_wording() -> None:
     text = user_text(build_prompt(PROBLEM, PARENT, [], 1))
     assert "Write 1 candidate program that" in text
-    with pytest.raises(ValueError, match="m must be"):
+    with pytest.raises(ValueError, match="candidates must be"):
         build_prompt(PROBLEM, PARENT, [], 0)
 
 
