@@ -84,11 +84,11 @@ def build(path: Path, n: int, objectives: list[str], seed: int = 0) -> None:
             index = pid - 2  # the seed is program 1; LLM programs fill groups from 2 on
             trajectory = None
             if pid > 1:
-                group_id, slot = divmod(index, per_group)
+                group_id, place = divmod(index, per_group)  # place in its group
                 group_id += 1
-                position, candidate = divmod(slot, CANDIDATES)
+                position, candidate = divmod(place, CANDIDATES)
                 trajectory = (group_id - 1) * GROUP + position + 1
-                if slot == 0:
+                if place == 0:
                     groups.append(
                         {
                             "id": group_id,

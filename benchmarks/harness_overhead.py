@@ -299,7 +299,7 @@ def generated(texts: list[str], prompt: list[dict[str, str]]) -> list[Completion
     """The completions as a generator returns them: chars / 4 token ids and logprobs."""
     from harness.llm import Completion
 
-    prompt_tokens = tuple(range(sum(len(m["content"]) for m in prompt) // 4))
+    prompt_tokens = tuple(range(sum(len(message["content"]) for message in prompt) // 4))
     return [
         Completion(
             text,

@@ -5,8 +5,8 @@
 Task. The prompt is fixed. A candidate is L = 6 letters from {a, b, c}; its reward vector is
 (x^2, y^2) where x and y are the shares of a and b. Both corners (all a, all b) maximise the mean
 of the objectives, no candidate is good at both, and any mix is worse than a corner under every
-weighting: the objectives conflict. A rollout holds m candidates one after the other (m = 1 for
-GRPO, m = 2 for VPO, as the VPO paper compares single-answer GRPO with m-answer VPO).
+weighting: the objectives conflict. A rollout holds its candidates one after the other (one for
+GRPO, two for VPO, as the VPO paper compares single-answer GRPO with multi-answer VPO).
 
 Policy. A randomly initialised 2-layer Llama (hidden 64) over a 7-token vocabulary, trained from
 scratch by `trainer.train.train_step` (the code `vpo run --train-every` runs) with AdamW, lr
@@ -16,7 +16,7 @@ temperature 1 from the policy restricted to {a, b, c}.
 
 Measured: per step, pool diversity (mean pairwise L1 distance between the reward vectors of a
 group's candidates, as `vpo run` reports it) and mean reward; after training, best@k for k = 1..8
-candidates at an equal evaluation budget (k candidates: k GRPO rollouts or ceil(k / m) VPO
+candidates at an equal evaluation budget (k candidates: k GRPO rollouts or ceil(k / 2) VPO
 rollouts), under (1) the mean of the objectives, GRPO's training scalar, and (2) 200 held-out
 trade-offs w ~ Dirichlet(1), averaged over 400 draws of the k candidates.
 
@@ -80,12 +80,12 @@ def tiny_policy_folder(seed: int) -> str:
 
 
 @torch.no_grad()
-def sample(policy: Policy, rows: int, m: int, generator: torch.Generator) -> torch.Tensor:
-    """(rows, m * L) letter token ids, drawn from the policy restricted to the letters."""
+def sample(policy: Policy, rows: int, candidates: int, generator: torch.Generator) -> torch.Tensor:
+    """(rows, candidates * L) letter token ids, drawn from the policy restricted to the letters."""
     model = policy.model
     model.eval()
     ids = torch.full((rows, 1), VOCAB["<bos>"])
-    for _ in range(m * LENGTH):
+    for _ in range(candidates * LENGTH):
         logits = model(ids).logits[:, -1, LETTERS]
         pick = torch.multinomial(logits.softmax(-1), 1, generator=generator)
         ids = torch.cat([ids, LETTERS[pick]], dim=1)
@@ -93,22 +93,24 @@ def sample(policy: Policy, rows: int, m: int, generator: torch.Generator) -> tor
     return ids[:, 1:]
 
 
-def rewards(tokens: torch.Tensor, m: int) -> np.ndarray:
-    """(rows, m, 2) reward vectors: (share of a, share of b), squared."""
-    candidates = tokens.reshape(tokens.shape[0], m, LENGTH)
-    x = (candidates == VOCAB["a"]).float().mean(-1)
-    y = (candidates == VOCAB["b"]).float().mean(-1)
+def rewards(tokens: torch.Tensor, candidates: int) -> np.ndarray:
+    """(rows, candidates, 2) reward vectors: (share of a, share of b), squared."""
+    letters = tokens.reshape(tokens.shape[0], candidates, LENGTH)
+    x = (letters == VOCAB["a"]).float().mean(-1)
+    y = (letters == VOCAB["b"]).float().mean(-1)
     return torch.stack([x**2, y**2], dim=-1).numpy().astype(np.float64)
 
 
-def train(method: str, m: int, steps: int, seed: int) -> tuple[Policy, list[dict[str, float]]]:
+def train(
+    method: str, candidates: int, steps: int, seed: int
+) -> tuple[Policy, list[dict[str, float]]]:
     policy = Policy.load(tiny_policy_folder(seed), PolicyConfig(lr=3e-3, reference=False))
     config = TrainConfig(advantage=method, loss=LossConfig(beta=0.0), micro_batch=64)
     generator = torch.Generator().manual_seed(seed)
     history = []
     for step in range(steps):
-        tokens = sample(policy, PROMPTS * GROUP, m, generator)
-        scores = rewards(tokens, m)
+        tokens = sample(policy, PROMPTS * GROUP, candidates, generator)
+        scores = rewards(tokens, candidates)
         groups = [
             Group(
                 rollouts=[
@@ -116,7 +118,7 @@ def train(method: str, m: int, steps: int, seed: int) -> tuple[Policy, list[dict
                     for i in range(p * GROUP, (p + 1) * GROUP)
                 ],
                 scores=scores[p * GROUP : (p + 1) * GROUP],
-                mask=np.ones((GROUP, m), dtype=bool),
+                mask=np.ones((GROUP, candidates), dtype=bool),
             )
             for p in range(PROMPTS)
         ]
@@ -133,19 +135,19 @@ def train(method: str, m: int, steps: int, seed: int) -> tuple[Policy, list[dict
     return policy, history
 
 
-def best_at_k(policy: Policy, m: int, seed: int) -> tuple[list[float], list[float]]:
+def best_at_k(policy: Policy, candidates: int, seed: int) -> tuple[list[float], list[float]]:
     generator = torch.Generator().manual_seed(seed + 99)
-    pool = rewards(sample(policy, 400, m, generator), m)  # (400, m, 2)
+    pool = rewards(sample(policy, 400, candidates, generator), candidates)  # (400, candidates, 2)
     rng = np.random.default_rng(seed)
     tradeoffs = rng.dirichlet(np.ones(2), size=200)  # (200, 2)
     scalar, spread = [], []
     for k in KS:
         by_mean, by_tradeoff = [], []
         for _ in range(400):
-            chosen = rng.choice(len(pool), size=math.ceil(k / m), replace=False)
-            candidates = pool[chosen].reshape(-1, 2)[:k]  # the first k candidates
-            by_mean.append(candidates.mean(-1).max())
-            by_tradeoff.append((candidates @ tradeoffs.T).max(axis=0).mean())
+            chosen = rng.choice(len(pool), size=math.ceil(k / candidates), replace=False)
+            first_k = pool[chosen].reshape(-1, 2)[:k]  # the first k candidates
+            by_mean.append(first_k.mean(-1).max())
+            by_tradeoff.append((first_k @ tradeoffs.T).max(axis=0).mean())
         scalar.append(float(np.mean(by_mean)))
         spread.append(float(np.mean(by_tradeoff)))
     return scalar, spread
@@ -159,13 +161,13 @@ def main() -> None:
     torch.set_num_threads(1)
     results: dict[str, dict[str, list]] = {}
     started = time.perf_counter()
-    for name, (method, m) in METHODS.items():
+    for name, (method, candidates) in METHODS.items():
         runs = {"diversity": [], "reward": [], "scalar": [], "tradeoff": []}
         for seed in range(args.seeds):
-            policy, history = train(method, m, args.steps, seed)
+            policy, history = train(method, candidates, args.steps, seed)
             runs["diversity"].append([h["diversity"] for h in history])
             runs["reward"].append([h["reward"] for h in history])
-            scalar, tradeoff = best_at_k(policy, m, seed)
+            scalar, tradeoff = best_at_k(policy, candidates, seed)
             runs["scalar"].append(scalar)
             runs["tradeoff"].append(tradeoff)
             print(

@@ -337,19 +337,19 @@ def _program_rows(store: Store, campaign_id: int) -> Iterator[dict[str, Any]]:
 
 
 def _trajectory_rows(store: Store, campaign_id: int) -> Iterator[dict[str, Any]]:
-    """One row per rollout with its group and its (m x d) reward matrix, zeros and mask False
-    where a candidate slot holds no program: what a trainer reads."""
+    """One row per rollout with its group and its (candidates x d) reward matrix, zeros and mask
+    False where a candidate holds no program: what a trainer reads."""
     objectives = store.objectives(campaign_id)
     for group, trajectories in store.iter_trajectory_groups(campaign_id):
         wanted = {
-            slot["program_id"]
+            c["program_id"]
             for t in trajectories
-            for slot in t["candidates"]
-            if slot.get("program_id") is not None
+            for c in t["candidates"]
+            if c.get("program_id") is not None
         }
         scores = {p.id: p.scores for p in store.programs_by_ids(sorted(wanted))}
         for t in trajectories:
-            slots = sorted(t["candidates"], key=lambda slot: slot["index"])
+            candidates = sorted(t["candidates"], key=lambda c: c["index"])
             yield {
                 "group_id": group["id"],
                 "iteration": group["iteration"],
@@ -367,16 +367,16 @@ def _trajectory_rows(store: Store, campaign_id: int) -> Iterator[dict[str, Any]]
                 "finish_reason": t["finish_reason"],
                 "parse_status": t["parse_status"],
                 "policy_version_id": t["policy_version_id"],
-                "candidates": slots,
+                "candidates": candidates,
                 "objectives": objectives,
                 "rewards": [
                     [
-                        float(scores.get(slot.get("program_id"), {}).get(name, 0.0))
+                        float(scores.get(c.get("program_id"), {}).get(name, 0.0))
                         for name in objectives
                     ]
-                    for slot in slots
+                    for c in candidates
                 ],
-                "mask": [slot.get("program_id") is not None for slot in slots],
+                "mask": [c.get("program_id") is not None for c in candidates],
             }
 
 
