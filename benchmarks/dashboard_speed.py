@@ -205,6 +205,7 @@ def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
     from harness.dashboard import create_app
+    from harness.records import Lineage, NewProgram
     from harness.store import Store
 
     reader = Store.open(target, read_only=True)
@@ -230,12 +231,13 @@ def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
         for _ in range(100):
             writer.add_program(
                 1,
-                synthetic_program(rng, f"new{rng.random()}"),
-                status="ok",
-                scores={name: rng.random() for name in objectives},
-                raw={},
-                parent_id=1,
-                origin="llm",
+                NewProgram(
+                    synthetic_program(rng, f"new{rng.random()}"),
+                    "ok",
+                    {name: rng.random() for name in objectives},
+                    {},
+                ),
+                Lineage(origin="llm", parent_id=1),
             )
         return timed(lambda: get("/api/overview"), 1)
 

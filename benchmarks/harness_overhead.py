@@ -184,7 +184,7 @@ def build_campaign(path: Path, n: int) -> tuple[Store, int]:
     from sqlalchemy import insert
 
     from harness.db import Program, Score
-    from harness.records import code_hash
+    from harness.records import NewProgram, code_hash
     from harness.store import Store
     from problems.circle_packing import SEED_PROGRAM
 
@@ -192,10 +192,12 @@ def build_campaign(path: Path, n: int) -> tuple[Store, int]:
     campaign_id = store.create_campaign("bench", "circle_packing", config={}, seed=SEED)
     seed_id = store.add_program(
         campaign_id,
-        SEED_PROGRAM,
-        status="ok",
-        scores=dict.fromkeys(OBJECTIVES, 0.3),
-        raw={o: 0.3 * BEST_KNOWN[o] for o in OBJECTIVES},
+        NewProgram(
+            SEED_PROGRAM,
+            "ok",
+            dict.fromkeys(OBJECTIVES, 0.3),
+            {o: 0.3 * BEST_KNOWN[o] for o in OBJECTIVES},
+        ),
     )
     rng = random.Random(SEED)
     now = datetime.datetime.now(datetime.UTC)

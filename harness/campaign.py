@@ -23,12 +23,18 @@ import numpy as np
 from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.evaluate import evaluate, evaluate_many
-from harness.iteration import ParsedGroup, SampledIteration, classify_group, rollout_records
+from harness.iteration import (
+    ParsedGroup,
+    SampledIteration,
+    classify_group,
+    new_program,
+    rollout_records,
+)
 from harness.llm import Completion, GenerationError, Generator, Sampling
 from harness.llm.base import storable
 from harness.population import Population
 from harness.prompts import build_prompt
-from harness.records import CampaignRecord, ProgramRecord
+from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.sandbox import Limits, Sandbox
 from harness.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.store import Store
@@ -116,18 +122,8 @@ def ensure_seed(
     if seeds:
         return seeds[0]
     evaluation = evaluate(problem, problem.seed_program, sandbox, limits)
-    program_id = store.add_program(
-        campaign_id,
-        problem.seed_program,
-        status=evaluation.status,
-        scores=dict(evaluation.scores),
-        raw=dict(evaluation.raw),
-        error=evaluation.reason,
-        origin="seed",
-        eval_seconds=evaluation.seconds,
-        metrics={"artifacts": dict(evaluation.artifacts)},
-        the_seed=True,
-    )
+    seed = new_program(problem.seed_program, evaluation)
+    program_id = store.add_program(campaign_id, seed, the_seed=True)
     record = store.program(program_id)
     assert record is not None
     return record
@@ -382,14 +378,16 @@ def store_iteration(
     selection = sampled.selection
     campaign.store.record_iteration(
         campaign.campaign_id,
-        iteration=sampled.iteration,
-        island=selection.island,
-        parent_id=selection.parent_id,
-        draft_ids=selection.draft_ids,
-        prompt=sampled.prompt,
-        prompt_token_ids=sampled.prompt_token_ids,
-        rollouts=rollout_records(group, sampled.completions, evaluations),
-        policy_version_id=sampled.policy_version_id,
+        NewGroup(
+            iteration=sampled.iteration,
+            island=selection.island,
+            parent_id=selection.parent_id,
+            draft_ids=selection.draft_ids,
+            prompt=sampled.prompt,
+            prompt_token_ids=sampled.prompt_token_ids,
+            rollouts=rollout_records(group, sampled.completions, evaluations),
+            policy_version_id=sampled.policy_version_id,
+        ),
         migrations=sampled.migrations,
     )
     campaign.seen.update(group.new_code)

@@ -97,6 +97,19 @@ class NewProgram:
 
 
 @dataclass(frozen=True)
+class Lineage:
+    """Where a stored program sits: how it came (`seed`, `llm`, `migration`), from which
+    parent, on which island and generation, and the rollout and candidate slot that wrote it."""
+
+    origin: str = "seed"
+    parent_id: int | None = None
+    island: int = 0
+    generation: int = 0
+    trajectory_id: int | None = None
+    candidate_index: int | None = None
+
+
+@dataclass(frozen=True)
 class CandidateRecord:
     """What became of candidate slot `index` (1..m) of one rollout.
 
@@ -123,6 +136,22 @@ class RolloutRecord:
     parse_status: str  # "ok": every slot parsed, "partial", "none"
     parse_error: str | None
     candidates: Sequence[CandidateRecord]
+
+
+@dataclass(frozen=True)
+class NewGroup:
+    """One iteration's group to store: the prompt built from `parent_id` and the drafts it
+    showed, and the G rollouts that answered it. Its new programs take the group's island and
+    the parent's generation + 1."""
+
+    iteration: int
+    island: int
+    parent_id: int
+    draft_ids: Sequence[int]
+    prompt: list[dict[str, str]]
+    prompt_token_ids: Sequence[int] | None
+    rollouts: Sequence[RolloutRecord]
+    policy_version_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from harness.db import Program, RolloutGroup, Trajectory
-from harness.records import CandidateRecord, NewProgram, RolloutRecord
+from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 
 INSTALL_HINT = (
@@ -190,41 +190,45 @@ def fill_small_campaign(db_url: str) -> str:
     iteration 1, parent A, draft B: D (0.95, 0.2) and an unparsed slot."""
     store = Store.open(db_url)
     campaign = store.create_campaign("c", "toy", {"candidates": 2}, 0)
-    seed = store.add_program(campaign, SMALL_SEED, status="ok", scores={"a": 0.5, "b": 0.5}, raw={})
+    seed = store.add_program(campaign, NewProgram(SMALL_SEED, "ok", {"a": 0.5, "b": 0.5}, {}))
     store.record_iteration(
         campaign,
-        iteration=0,
-        island=0,
-        parent_id=seed,
-        draft_ids=(),
-        prompt=[{"role": "user", "content": "improve"}],
-        prompt_token_ids=[5, 6],
-        rollouts=[
-            _rollout(
-                CandidateRecord(1, "new", _program("def f():\n    return 1\n", 0.9, 0.1)),
-                CandidateRecord(2, "new", _program("def f():\n    return 2\n", 0.1, 0.9)),
-            ),
-            _rollout(
-                CandidateRecord(1, "new", _program(HOSTILE, 0, 0, "error")),
-                CandidateRecord(2, "unparsed", reason="no candidate 2"),
-            ),
-        ],
+        NewGroup(
+            iteration=0,
+            island=0,
+            parent_id=seed,
+            draft_ids=(),
+            prompt=[{"role": "user", "content": "improve"}],
+            prompt_token_ids=[5, 6],
+            rollouts=[
+                _rollout(
+                    CandidateRecord(1, "new", _program("def f():\n    return 1\n", 0.9, 0.1)),
+                    CandidateRecord(2, "new", _program("def f():\n    return 2\n", 0.1, 0.9)),
+                ),
+                _rollout(
+                    CandidateRecord(1, "new", _program(HOSTILE, 0, 0, "error")),
+                    CandidateRecord(2, "unparsed", reason="no candidate 2"),
+                ),
+            ],
+        ),
     )
     a, b, c = 2, 3, 4
     store.record_iteration(
         campaign,
-        iteration=1,
-        island=1,
-        parent_id=a,
-        draft_ids=(b,),
-        prompt=[{"role": "user", "content": "improve more"}],
-        prompt_token_ids=[7],
-        rollouts=[
-            _rollout(
-                CandidateRecord(1, "new", _program("def f():\n    return 11\n", 0.95, 0.2)),
-                CandidateRecord(2, "unparsed", reason="truncated"),
-            )
-        ],
+        NewGroup(
+            iteration=1,
+            island=1,
+            parent_id=a,
+            draft_ids=(b,),
+            prompt=[{"role": "user", "content": "improve more"}],
+            prompt_token_ids=[7],
+            rollouts=[
+                _rollout(
+                    CandidateRecord(1, "new", _program("def f():\n    return 11\n", 0.95, 0.2)),
+                    CandidateRecord(2, "unparsed", reason="truncated"),
+                )
+            ],
+        ),
     )
     assert c == 4
     store.close()

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from harness.records import NewProgram
 from harness.store import Store
 
 OBJECTIVES = ("a", "b", "c")
@@ -28,7 +29,7 @@ def campaign(db_url: str) -> tuple[Store, list[tuple]]:
         status = "ok" if rng.random() > 0.15 else "error"
         scores = {name: rng.choice(VALUES) for name in OBJECTIVES}
         pid = store.add_program(
-            campaign_id, f"x = {k}\n", status=status, scores=scores, raw=dict.fromkeys(scores)
+            campaign_id, NewProgram(f"x = {k}\n", status, scores, dict.fromkeys(scores))
         )
         if campaign_id == first:
             rows.append((pid, status == "ok", scores))

@@ -18,6 +18,7 @@ from sqlalchemy import insert
 
 from harness.dashboard import Dashboard, create_app, is_loopback, request_host
 from harness.db import Program, Score
+from harness.records import Lineage, NewProgram
 from harness.store import Store
 
 
@@ -97,7 +98,7 @@ def test_read_only_store_refuses_writes(database: str) -> None:
     store = Store.open(database, read_only=True)
     try:
         with pytest.raises(Exception, match="(?i)read.?only"):
-            store.add_program(1, "x = 1\n", status="ok", scores={"a": 0.1, "b": 0.1}, raw={})
+            store.add_program(1, NewProgram("x = 1\n", "ok", {"a": 0.1, "b": 0.1}, {}))
     finally:
         store.close()
     with Store.open(database) as store:  # nothing was written
@@ -240,11 +241,8 @@ def _add(store: Store, rng: random.Random, campaign: int, count: int) -> None:
         a, b = round(rng.random(), 2), round(rng.random(), 2)
         store.add_program(
             campaign,
-            f"x = {rng.random()}\n",
-            status=status,
-            scores={"a": a, "b": b},
-            raw={"a": a * 10, "b": None},
-            parent_id=1,
+            NewProgram(f"x = {rng.random()}\n", status, {"a": a, "b": b}, {"a": a * 10, "b": None}),
+            Lineage(parent_id=1),
         )
 
 

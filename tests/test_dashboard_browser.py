@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.records import NewProgram
 from harness.store import Store
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -138,7 +139,7 @@ def test_dashboard_in_chromium(
     # Live: a program the campaign stores now shows up without a reload.
     with Store.open(sqlite_database) as writer:
         writer.add_program(
-            1, "def f():\n    return 99\n", status="ok", scores={"a": 0.99, "b": 0.99}, raw={}
+            1, NewProgram("def f():\n    return 99\n", "ok", {"a": 0.99, "b": 0.99}, {})
         )
     _wait(
         driver,

@@ -37,7 +37,7 @@ from harness.db import (
     Trajectory,
 )
 from harness.errors import SchemaError, UserError
-from harness.records import code_hash
+from harness.records import Lineage, NewProgram, code_hash
 from harness.store import Store
 
 SEED_CODE = "def construct():\n    return [0.5, 0.5, 0.1]\n"
@@ -76,12 +76,14 @@ def populate(store: Store) -> dict[str, Any]:
     )
     seed_id = store.add_program(
         campaign_id,
-        SEED_CODE,
-        status="ok",
-        scores={"sum_radii": 0.25, "margin": 1.0},
-        raw={"sum_radii": 0.65, "margin": None},
-        eval_seconds=0.5,
-        metrics={"stdout_tail": "done\n", "circles": [[0.5, 0.5, 0.1]]},
+        NewProgram(
+            SEED_CODE,
+            "ok",
+            {"sum_radii": 0.25, "margin": 1.0},
+            {"sum_radii": 0.65, "margin": None},
+            eval_seconds=0.5,
+            metrics={"stdout_tail": "done\n", "circles": [[0.5, 0.5, 0.1]]},
+        ),
     )
     with Session(store.engine) as session, session.begin():
         version = PolicyVersion(
@@ -119,17 +121,21 @@ def populate(store: Store) -> dict[str, Any]:
         }
     ids["child"] = store.add_program(
         campaign_id,
-        SEED_CODE.replace("0.1", "0.2"),
-        status="invalid",
-        scores={"sum_radii": 0.0, "margin": 0.0},
-        raw={},
-        error="circle 0 leaves the square",
-        parent_id=seed_id,
-        island=1,
-        generation=1,
-        origin="llm",
-        trajectory_id=ids["trajectory"],
-        candidate_index=0,
+        NewProgram(
+            SEED_CODE.replace("0.1", "0.2"),
+            "invalid",
+            {"sum_radii": 0.0, "margin": 0.0},
+            {},
+            error="circle 0 leaves the square",
+        ),
+        Lineage(
+            origin="llm",
+            parent_id=seed_id,
+            island=1,
+            generation=1,
+            trajectory_id=ids["trajectory"],
+            candidate_index=0,
+        ),
     )
     return ids
 
@@ -216,7 +222,7 @@ def test_every_table_round_trips(store: Store) -> None:
 def test_deleting_a_campaign_removes_everything_it_owns(store: Store) -> None:
     ids = populate(store)
     other = store.create_campaign("other", "circle_packing", {}, seed=0)
-    store.add_program(other, SEED_CODE, status="ok", scores={"a": 1.0}, raw={})
+    store.add_program(other, NewProgram(SEED_CODE, "ok", {"a": 1.0}, {}))
     with Session(store.engine) as session, session.begin():
         session.execute(delete(Campaign).where(Campaign.id == ids["campaign"]))
     for model in (RolloutGroup, GroupDraft, Trajectory, PolicyVersion):
@@ -228,7 +234,7 @@ def test_deleting_a_campaign_removes_everything_it_owns(store: Store) -> None:
 def test_reopening_keeps_the_data(db_url: str) -> None:
     with Store.open(db_url) as first:
         campaign_id = first.create_campaign("again", "circle_packing", {}, seed=1)
-        first.add_program(campaign_id, SEED_CODE, status="ok", scores={"a": 0.5}, raw={"a": 2.0})
+        first.add_program(campaign_id, NewProgram(SEED_CODE, "ok", {"a": 0.5}, {"a": 2.0}))
     with Store.open(db_url, create=False) as second:
         assert [p.scores for p in second.programs(campaign_id)] == [{"a": 0.5}]
 
@@ -256,7 +262,7 @@ def test_add_program_is_one_transaction(store: Store, campaign_id: int) -> None:
     install_refusing_trigger(store)
     with pytest.raises(DBAPIError, match="refused by test"):
         store.add_program(
-            campaign_id, SEED_CODE, status="ok", scores={"a": 0.5, "b": 0.25}, raw={"a": 1.0}
+            campaign_id, NewProgram(SEED_CODE, "ok", {"a": 0.5, "b": 0.25}, {"a": 1.0})
         )
     # The program and both scores were inserted before the event failed; none may remain.
     assert row_count(store, Program) == row_count(store, Score) == 0
@@ -267,7 +273,7 @@ def test_add_program_is_one_transaction(store: Store, campaign_id: int) -> None:
 def test_a_broken_reference_writes_nothing(store: Store, campaign_id: int) -> None:
     with pytest.raises(DBAPIError):
         store.add_program(
-            campaign_id, SEED_CODE, status="ok", scores={"a": 0.5}, raw={}, trajectory_id=999
+            campaign_id, NewProgram(SEED_CODE, "ok", {"a": 0.5}, {}), Lineage(trajectory_id=999)
         )
     assert row_count(store, Program) == row_count(store, Score) == 0
     assert store.counts(campaign_id).events == {"campaign_created": 1}
@@ -287,27 +293,29 @@ def test_bad_scores_are_refused_before_writing(
     store: Store, campaign_id: int, scores: dict[str, float], raw: dict[str, float]
 ) -> None:
     with pytest.raises(ValueError):
-        store.add_program(campaign_id, SEED_CODE, status="ok", scores=scores, raw=raw)
+        store.add_program(campaign_id, NewProgram(SEED_CODE, "ok", scores, raw))
     assert row_count(store, Program) == 0
 
 
 def test_the_score_table_checks_the_range_itself(store: Store, campaign_id: int) -> None:
-    program_id = store.add_program(campaign_id, SEED_CODE, status="ok", scores={}, raw={})
+    program_id = store.add_program(campaign_id, NewProgram(SEED_CODE, "ok", {}, {}))
     with pytest.raises(DBAPIError), Session(store.engine) as session, session.begin():
         session.add(Score(program_id=program_id, objective="a", value=1.5, raw=None))
 
 
 def test_nul_characters_behave_alike_on_every_engine(store: Store, campaign_id: int) -> None:
     with pytest.raises(ValueError, match="NUL"):
-        store.add_program(campaign_id, "x = 1\x00", status="ok", scores={}, raw={})
+        store.add_program(campaign_id, NewProgram("x = 1\x00", "ok", {}, {}))
     program_id = store.add_program(
         campaign_id,
-        SEED_CODE,
-        status="error",
-        scores={},
-        raw={},
-        error="stderr: \x00garbage",
-        metrics={"stdout_tail": "a\x00b"},
+        NewProgram(
+            SEED_CODE,
+            "error",
+            {},
+            {},
+            error="stderr: \x00garbage",
+            metrics={"stdout_tail": "a\x00b"},
+        ),
     )
     record = store.program(program_id)
     assert record is not None
@@ -317,7 +325,7 @@ def test_nul_characters_behave_alike_on_every_engine(store: Store, campaign_id: 
 
 def test_unknown_status_is_refused(store: Store, campaign_id: int) -> None:
     with pytest.raises(ValueError, match="program status"):
-        store.add_program(campaign_id, SEED_CODE, status="great", scores={}, raw={})
+        store.add_program(campaign_id, NewProgram(SEED_CODE, "great", {}, {}))
     with pytest.raises(ValueError, match="campaign status"):
         store.set_campaign_status(campaign_id, "paused")
 
@@ -342,8 +350,8 @@ def test_counts_are_aggregated_per_campaign(store: Store, campaign_id: int) -> N
     for status, times in (("ok", 3), ("invalid", 2), ("timeout", 1)):
         for i in range(times):
             code = f"{SEED_CODE}# {status} {i}\n"
-            store.add_program(campaign_id, code, status=status, scores={"a": 0.0}, raw={})
-    store.add_program(other, SEED_CODE, status="error", scores={"a": 0.0}, raw={})
+            store.add_program(campaign_id, NewProgram(code, status, {"a": 0.0}, {}))
+    store.add_program(other, NewProgram(SEED_CODE, "error", {"a": 0.0}, {}))
     store.record_event(campaign_id, "group_evaluated", {"group_id": 1})
     store.record_event(campaign_id, "group_evaluated", {"group_id": 2})
 
@@ -358,7 +366,9 @@ def test_counts_are_aggregated_per_campaign(store: Store, campaign_id: int) -> N
 
 def test_programs_filter_by_island_and_keep_insertion_order(store: Store, campaign_id: int) -> None:
     ids = [
-        store.add_program(campaign_id, f"x = {i}\n", status="ok", scores={}, raw={}, island=i % 2)
+        store.add_program(
+            campaign_id, NewProgram(f"x = {i}\n", "ok", {}, {}), Lineage(island=i % 2)
+        )
         for i in range(5)
     ]
     assert [p.id for p in store.programs(campaign_id)] == ids
@@ -366,11 +376,13 @@ def test_programs_filter_by_island_and_keep_insertion_order(store: Store, campai
 
 
 def test_find_by_hash_sees_copies_and_layout_variants(store: Store, campaign_id: int) -> None:
-    original = store.add_program(campaign_id, SEED_CODE, status="ok", scores={"a": 0.5}, raw={})
+    original = store.add_program(campaign_id, NewProgram(SEED_CODE, "ok", {"a": 0.5}, {}))
     migrated = store.add_program(
-        campaign_id, SEED_CODE, status="ok", scores={"a": 0.5}, raw={}, island=1, origin="migration"
+        campaign_id,
+        NewProgram(SEED_CODE, "ok", {"a": 0.5}, {}),
+        Lineage(origin="migration", island=1),
     )
-    store.add_program(campaign_id, "print('other')\n", status="ok", scores={"a": 0.1}, raw={})
+    store.add_program(campaign_id, NewProgram("print('other')\n", "ok", {"a": 0.1}, {}))
     noisy = SEED_CODE.replace("\n", "   \r\n\n")
     found = store.find_by_hash(campaign_id, code_hash(noisy))
     assert [p.id for p in found] == [original, migrated]
@@ -386,7 +398,7 @@ def test_json_columns_keep_structure(store: Store, campaign_id: int) -> None:
         "empty": {},
     }
     program_id = store.add_program(
-        campaign_id, SEED_CODE, status="ok", scores={}, raw={}, metrics=metrics
+        campaign_id, NewProgram(SEED_CODE, "ok", {}, {}, metrics=metrics)
     )
     record = store.program(program_id)
     assert record is not None and record.metrics == metrics
@@ -505,7 +517,7 @@ def test_an_empty_database_is_not_created_unasked(db_url: str) -> None:
 def test_a_reader_sees_committed_rows_while_a_writer_is_busy(db_url: str) -> None:
     with Store.open(db_url) as writer, Store.open(db_url) as reader:
         campaign_id = writer.create_campaign("busy", "circle_packing", {}, seed=0)
-        writer.add_program(campaign_id, SEED_CODE, status="ok", scores={"a": 0.5}, raw={})
+        writer.add_program(campaign_id, NewProgram(SEED_CODE, "ok", {"a": 0.5}, {}))
 
         # The writer holds its write lock with a row not yet committed.
         with Session(writer.engine) as session, session.begin():
@@ -527,7 +539,7 @@ def test_a_reader_sees_committed_rows_while_a_writer_is_busy(db_url: str) -> Non
         with reader.engine.connect() as snapshot:
             assert snapshot.scalar(select(func.count()).select_from(Program)) == 2
             started = time.monotonic()
-            writer.add_program(campaign_id, "x = 1\n", status="ok", scores={}, raw={})
+            writer.add_program(campaign_id, NewProgram("x = 1\n", "ok", {}, {}))
             assert time.monotonic() - started < 2
         assert reader.counts(campaign_id).total_programs == 3
 
@@ -543,7 +555,7 @@ def test_concurrent_writers_all_land(db_url: str) -> None:
             with Store.open(db_url) as store:
                 for i in range(15):
                     code = f"x = {worker * 100 + i}\n"
-                    store.add_program(campaign_id, code, status="ok", scores={"a": 0.5}, raw={})
+                    store.add_program(campaign_id, NewProgram(code, "ok", {"a": 0.5}, {}))
         except BaseException as exc:  # reported below; a thread cannot fail the test itself
             failures.append(exc)
 
@@ -566,8 +578,7 @@ def test_an_in_memory_database_is_shared_by_threads() -> None:
         campaign_id = store.create_campaign("memory", "circle_packing", {}, seed=0)
         worker = threading.Thread(
             target=store.add_program,
-            args=(campaign_id, SEED_CODE),
-            kwargs={"status": "ok", "scores": {"a": 1.0}, "raw": {}},
+            args=(campaign_id, NewProgram(SEED_CODE, "ok", {"a": 1.0}, {})),
         )
         worker.start()
         worker.join()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.records import CandidateRecord, NewProgram, RolloutRecord
+from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 
 
@@ -22,7 +22,7 @@ def harvested(db: Path, tokenizer_folder: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     store = Store.open(db)
     campaign = store.create_campaign("c", "circle_packing", {"candidates": 2, "model": "x"}, 0)
-    seed = store.add_program(campaign, "seed = 1", status="ok", scores={"a": 0.1}, raw={})
+    seed = store.add_program(campaign, NewProgram("seed = 1", "ok", {"a": 0.1}, {}))
     prompt = tokenizer("Pack the circles")["input_ids"]
     value = 0.05
     for iteration in range(4):
@@ -43,13 +43,15 @@ def harvested(db: Path, tokenizer_folder: str) -> None:
             )
         store.record_iteration(
             campaign,
-            iteration=iteration,
-            island=0,
-            parent_id=seed,
-            draft_ids=(),
-            prompt=[{"role": "user", "content": "pack"}],
-            prompt_token_ids=prompt,
-            rollouts=rollouts,
+            NewGroup(
+                iteration=iteration,
+                island=0,
+                parent_id=seed,
+                draft_ids=(),
+                prompt=[{"role": "user", "content": "pack"}],
+                prompt_token_ids=prompt,
+                rollouts=rollouts,
+            ),
         )
     store.close()
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import read_only_folder
 
 from harness.cli import main
+from harness.records import NewGroup, NewProgram
 from harness.store import Store
 
 
@@ -136,8 +137,12 @@ def test_plots_are_written(database: str, tmp_path: Path, capsys: pytest.Capture
 def test_migrant_copies_are_listed_once(database: str, capsys: pytest.CaptureFixture) -> None:
     store = Store.open(database)
     store.record_iteration(
-        1, iteration=2, island=0, parent_id=1, draft_ids=(), prompt=[], prompt_token_ids=None,
-        rollouts=[], migrations=[(5, 2), (3, 3)],
+        1,
+        NewGroup(
+            iteration=2, island=0, parent_id=1, draft_ids=(), prompt=[], prompt_token_ids=None,
+            rollouts=[],
+        ),
+        migrations=[(5, 2), (3, 3)],
     )  # fmt: skip
     assert [p.origin for p in store.programs(1)][-2:] == ["migration", "migration"]
     store.close()
@@ -211,9 +216,9 @@ def test_views_on_a_read_only_mount_see_a_live_writer(
     with read_only_folder(folder) as view:
         db = str(view / Path(sqlite_database).name)
         with Store.open(sqlite_database) as writer:
-            writer.add_program(1, "x = 1\n", status="ok", scores={"a": 1.0, "b": 1.0}, raw={})
+            writer.add_program(1, NewProgram("x = 1\n", "ok", {"a": 1.0, "b": 1.0}, {}))
             assert run(capsys, "stats", "--db", db)["programs"] == 6
-            writer.add_program(1, "x = 2\n", status="ok", scores={"a": 0.0, "b": 0.0}, raw={})
+            writer.add_program(1, NewProgram("x = 2\n", "ok", {"a": 0.0, "b": 0.0}, {}))
             assert run(capsys, "stats", "--db", db)["programs"] == 7
             assert run(capsys, "top", "--db", db, "-n", "1")[0]["id"] == 6
 

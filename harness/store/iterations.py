@@ -1,0 +1,270 @@
+"""Iterations: a group, its drafts, its rollouts, the programs their new candidates became and
+the migrations the iteration carries, in one transaction.
+
+Written with Core statements on one connection: about ten statements per iteration whatever G
+and m are, which keeps the harness's own time per iteration small
+(benchmarks/harness_overhead.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from harness import faults
+from harness.db import utc_now
+from harness.errors import UserError
+from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord, code_hash
+from harness.store.opening import Database
+from harness.store.programs import insert_programs, insert_returning_ids
+from harness.store.tables import (
+    CANDIDATE_OUTCOMES,
+    DRAFT,
+    GROUP,
+    PROGRAM,
+    SCORE,
+    TRAJECTORY,
+    check_choice,
+    check_program,
+    log_event,
+)
+
+
+class Iterations(Database):
+    def record_iteration(
+        self,
+        campaign_id: int,
+        group: NewGroup,
+        *,
+        migrations: Sequence[tuple[int, int]] = (),
+    ) -> int:
+        """Store one iteration atomically and return its group id. `migrations`: (program id,
+        destination island) pairs, each copied there in the same transaction.
+
+        A second attempt at the same iteration (a resumed run racing a stale one) fails on the
+        unique (campaign, iteration) key and raises UserError; nothing of it is written.
+        """
+        for rollout in group.rollouts:
+            for candidate in rollout.candidates:
+                check_choice("candidate outcome", candidate.outcome, CANDIDATE_OUTCOMES)
+                if candidate.program is not None:
+                    check_program(candidate.program, "llm")
+        try:
+            with self._writing() as connection:
+                group_id = _write_iteration(connection, campaign_id, group, migrations)
+                faults.point("iteration_commit")  # written, not yet committed
+                return group_id
+        except IntegrityError:
+            with self._reading() as connection:
+                taken = connection.execute(
+                    select(func.count()).where(
+                        GROUP.c.campaign_id == campaign_id, GROUP.c.iteration == group.iteration
+                    )
+                ).scalar_one()
+            if taken:
+                raise UserError(
+                    f"iteration {group.iteration} of campaign {campaign_id} is already "
+                    "recorded; is another process running this campaign?"
+                ) from None
+            raise
+
+
+def _write_iteration(
+    connection: Connection,
+    campaign_id: int,
+    group: NewGroup,
+    migrations: Sequence[tuple[int, int]],
+) -> int:
+    parent = connection.execute(
+        select(PROGRAM.c.campaign_id, PROGRAM.c.generation).where(PROGRAM.c.id == group.parent_id)
+    ).one_or_none()
+    if parent is None or parent.campaign_id != campaign_id:
+        raise ValueError(f"parent program {group.parent_id} is not in campaign {campaign_id}")
+    now = utc_now()
+    group_id = _insert_group(connection, campaign_id, group, now)
+    if group.rollouts:
+        _write_rollouts(connection, campaign_id, group_id, group, parent.generation + 1, now)
+    for program_id, island in migrations:
+        _migrate(connection, campaign_id, program_id, island, now)
+    payload = {"group_id": group_id, "iteration": group.iteration, "island": group.island}
+    log_event(connection, campaign_id, "group_recorded", payload, now)
+    return group_id
+
+
+def _insert_group(connection: Connection, campaign_id: int, group: NewGroup, now: datetime) -> int:
+    """The group row and the drafts its prompt showed, in order."""
+    tokens = group.prompt_token_ids
+    group_id = connection.execute(
+        insert(GROUP).returning(GROUP.c.id),
+        {
+            "campaign_id": campaign_id,
+            "iteration": group.iteration,
+            "island": group.island,
+            "parent_program_id": group.parent_id,
+            "prompt": group.prompt,
+            "prompt_token_ids": None if tokens is None else list(tokens),
+            "policy_version_id": group.policy_version_id,
+            "created_at": now,
+        },
+    ).scalar_one()
+    if group.draft_ids:
+        connection.execute(
+            insert(DRAFT),
+            [
+                {"group_id": group_id, "position": i, "program_id": d}
+                for i, d in enumerate(group.draft_ids)
+            ],
+        )
+    return group_id
+
+
+def _write_rollouts(
+    connection: Connection,
+    campaign_id: int,
+    group_id: int,
+    group: NewGroup,
+    generation: int,
+    now: datetime,
+) -> None:
+    """The rollouts, the programs their new candidates became, and then each rollout's
+    candidate slots naming the program that scores the slot."""
+    trajectory_ids = _insert_trajectories(connection, group_id, group, now)
+    parent, island = group.parent_id, group.island
+    # Each new candidate, its program, and the lineage the group and its rollout give it.
+    fresh = [
+        (c, c.program, Lineage("llm", parent, island, generation, trajectory_id, c.index))
+        for trajectory_id, rollout in zip(trajectory_ids, group.rollouts, strict=True)
+        for c in rollout.candidates
+        if c.program is not None
+    ]
+    # A new candidate's own hash, computed once (the caller's may be missing).
+    digests = {id(candidate): code_hash(program.code) for candidate, program, _ in fresh}
+    program_ids = insert_programs(
+        connection,
+        campaign_id,
+        [(program, lineage) for _, program, lineage in fresh],
+        now,
+        log=False,
+        hashes=[digests[id(candidate)] for candidate, _, _ in fresh],
+    )
+    known: dict[str, int] = {}  # code hash -> the program that scores it
+    for (candidate, _, _), program_id in zip(fresh, program_ids, strict=True):
+        known.setdefault(digests[id(candidate)], program_id)
+    known.update(_earlier_programs(connection, campaign_id, group.rollouts, known))
+    _fill_slots(connection, trajectory_ids, group.rollouts, digests, known)
+
+
+def _insert_trajectories(
+    connection: Connection, group_id: int, group: NewGroup, now: datetime
+) -> list[int]:
+    """One trajectory per rollout, its candidate slots still empty; their ids in order."""
+    return insert_returning_ids(
+        connection,
+        TRAJECTORY,
+        [
+            {
+                "group_id": group_id,
+                "position": position,
+                "completion": rollout.completion.replace("\x00", "\ufffd"),
+                "token_ids": list(rollout.token_ids),
+                "num_tokens": len(rollout.token_ids),
+                "logprobs": None if rollout.logprobs is None else list(rollout.logprobs),
+                "finish_reason": rollout.finish_reason,
+                "policy_version_id": group.policy_version_id,
+                "parse_status": rollout.parse_status,
+                "parse_error": rollout.parse_error,
+                "candidates": [],
+                "created_at": now,
+            }
+            for position, rollout in enumerate(group.rollouts)
+        ],
+    )
+
+
+def _earlier_programs(
+    connection: Connection,
+    campaign_id: int,
+    rollouts: Sequence[RolloutRecord],
+    known: Mapping[str, int],
+) -> dict[str, int]:
+    """Code hash -> first program with it, for the duplicates of programs stored before."""
+    wanted = {
+        c.code_hash
+        for r in rollouts
+        for c in r.candidates
+        if c.outcome == "duplicate" and c.code_hash is not None and c.code_hash not in known
+    }
+    if not wanted:
+        return {}
+    rows = connection.execute(
+        select(PROGRAM.c.code_hash, func.min(PROGRAM.c.id))
+        .where(PROGRAM.c.campaign_id == campaign_id, PROGRAM.c.code_hash.in_(wanted))
+        .group_by(PROGRAM.c.code_hash)
+    ).all()
+    return {digest: program_id for digest, program_id in rows}
+
+
+def _fill_slots(
+    connection: Connection,
+    trajectory_ids: Sequence[int],
+    rollouts: Sequence[RolloutRecord],
+    digests: Mapping[int, str],
+    known: Mapping[str, int],
+) -> None:
+    """Each trajectory's candidate slots, in one statement for the group."""
+    connection.execute(
+        update(TRAJECTORY)
+        .where(TRAJECTORY.c.id == bindparam("trajectory"))
+        .values(candidates=bindparam("slots")),
+        [
+            {
+                "trajectory": trajectory_id,
+                "slots": [_slot(c, digests, known) for c in rollout.candidates],
+            }
+            for trajectory_id, rollout in zip(trajectory_ids, rollouts, strict=True)
+        ],
+    )
+
+
+def _slot(
+    candidate: CandidateRecord, digests: Mapping[int, str], known: Mapping[str, int]
+) -> dict[str, Any]:
+    digest = digests.get(id(candidate), candidate.code_hash or "")
+    return {
+        "index": candidate.index,
+        "outcome": candidate.outcome,
+        "program_id": None if candidate.outcome == "unparsed" else known.get(digest),
+        "reason": candidate.reason,
+    }
+
+
+def _migrate(
+    connection: Connection, campaign_id: int, program_id: int, island: int, now: datetime
+) -> int:
+    """A migrant: the same code and scores on another island, its source as parent."""
+    source = connection.execute(select(PROGRAM).where(PROGRAM.c.id == program_id)).one_or_none()
+    if source is None or source.campaign_id != campaign_id:
+        raise ValueError(f"program {program_id} is not in campaign {campaign_id}")
+    scores = connection.execute(
+        select(SCORE.c.objective, SCORE.c.value, SCORE.c.raw).where(
+            SCORE.c.program_id == program_id
+        )
+    ).all()
+    copy = NewProgram(
+        code=source.code,
+        status=source.status,
+        scores={score.objective: score.value for score in scores},
+        raw={score.objective: score.raw for score in scores},
+        error=source.error,
+        metrics=source.metrics,
+    )
+    lineage = Lineage("migration", parent_id=source.id, island=island, generation=source.generation)
+    [copy_id] = insert_programs(
+        connection, campaign_id, [(copy, lineage)], now, log=True, hashes=[source.code_hash]
+    )
+    return copy_id

@@ -1,0 +1,193 @@
+"""Training: the groups a step reads and marks as used, and the policy versions it produced."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from harness import faults
+from harness.db import utc_now
+from harness.errors import UserError
+from harness.records import PolicyRecord, TrainingGroup, TrainingRollout
+from harness.store.opening import Database
+from harness.store.tables import GROUP, POLICY, SCORE, TRAJECTORY, log_event
+
+
+class Training(Database):
+    def untrained_groups(self, campaign_id: int, limit: int) -> list[TrainingGroup]:
+        """The newest `limit` groups no training step used yet, oldest of them first."""
+        return self.training_groups(campaign_id, unused=True, newest=limit)
+
+    def training_groups(
+        self,
+        campaign_id: int,
+        *,
+        unused: bool = False,
+        newest: int | None = None,
+        after_iteration: int = -1,
+        limit: int | None = None,
+    ) -> list[TrainingGroup]:
+        """Groups as the trainer reads them, in iteration order: token ids and every
+        candidate's scores. `unused`: only groups no training step used; `newest`: only the
+        newest N of them; `after_iteration` and `limit` page through the rest. Groups without
+        prompt tokens (some endpoints do not report them) cannot be trained on and are left out.
+        """
+        query = select(GROUP.c.id, GROUP.c.iteration, GROUP.c.prompt_token_ids).where(
+            GROUP.c.campaign_id == campaign_id,
+            GROUP.c.prompt_token_ids.is_not(None),
+            GROUP.c.iteration > after_iteration,
+        )
+        if unused:
+            query = query.where(GROUP.c.train_step.is_(None))
+        if newest is not None:
+            query = query.order_by(GROUP.c.iteration.desc()).limit(newest)
+        else:
+            query = query.order_by(GROUP.c.iteration).limit(limit)
+        with self._reading() as connection:
+            groups = connection.execute(query).all()
+            if newest is not None:
+                groups.reverse()
+            if not groups:
+                return []
+            trajectories = connection.execute(
+                select(
+                    TRAJECTORY.c.group_id,
+                    TRAJECTORY.c.token_ids,
+                    TRAJECTORY.c.logprobs,
+                    TRAJECTORY.c.candidates,
+                )
+                .where(TRAJECTORY.c.group_id.in_([g.id for g in groups]))
+                .order_by(TRAJECTORY.c.group_id, TRAJECTORY.c.position)
+            ).all()
+            scores = _scores_of_slots(connection, trajectories)
+        prompts = {g.id: tuple(g.prompt_token_ids) for g in groups}
+        by_group: dict[int, list[TrainingRollout]] = {}
+        for row in trajectories:
+            rollout = _training_rollout(row, prompts[row.group_id], scores)
+            by_group.setdefault(row.group_id, []).append(rollout)
+        return [
+            TrainingGroup(id=g.id, iteration=g.iteration, rollouts=tuple(by_group.get(g.id, ())))
+            for g in groups
+        ]
+
+    def untrained_count(self, campaign_id: int) -> int:
+        with self._reading() as connection:
+            return connection.execute(
+                select(func.count()).where(
+                    GROUP.c.campaign_id == campaign_id,
+                    GROUP.c.train_step.is_(None),
+                    GROUP.c.prompt_token_ids.is_not(None),
+                )
+            ).scalar_one()
+
+    def record_train_step(
+        self,
+        campaign_id: int,
+        *,
+        step: int,
+        path: str,
+        metrics: dict[str, Any],
+        group_ids: Sequence[int],
+    ) -> int:
+        """Mark the groups as used by `step` and add its policy version, in one transaction.
+
+        Raises UserError, writing nothing, when a group was used already or the step exists:
+        each group trains once and policy versions stay contiguous.
+        """
+        try:
+            with self._writing() as connection:
+                marked = connection.execute(
+                    update(GROUP)
+                    .where(
+                        GROUP.c.campaign_id == campaign_id,
+                        GROUP.c.id.in_(list(group_ids)),
+                        GROUP.c.train_step.is_(None),
+                    )
+                    .values(train_step=step)
+                ).rowcount
+                if marked != len(set(group_ids)):
+                    raise UserError(
+                        f"training step {step}: {len(set(group_ids)) - marked} of its groups "
+                        "were used by another step; is another trainer running?"
+                    )
+                now = utc_now()
+                policy_id = connection.execute(
+                    insert(POLICY).returning(POLICY.c.id),
+                    {
+                        "campaign_id": campaign_id,
+                        "step": step,
+                        "path": path,
+                        "metrics": metrics,
+                        "created_at": now,
+                    },
+                ).scalar_one()
+                payload = {"step": step, "policy_version_id": policy_id, **metrics}
+                log_event(connection, campaign_id, "train_step", payload, now)
+                faults.point("train_commit")  # written, not yet committed
+                return policy_id
+        except IntegrityError:
+            raise UserError(
+                f"policy version {step} of campaign {campaign_id} exists already; "
+                "is another trainer running?"
+            ) from None
+
+    def policies(self, campaign_id: int) -> list[PolicyRecord]:
+        """The campaign's policy versions by step."""
+        with self._reading() as connection:
+            rows = connection.execute(
+                select(POLICY).where(POLICY.c.campaign_id == campaign_id).order_by(POLICY.c.step)
+            ).all()
+        return [_policy_record(row) for row in rows]
+
+    def latest_policy(self, campaign_id: int) -> PolicyRecord | None:
+        with self._reading() as connection:
+            row = connection.execute(
+                select(POLICY)
+                .where(POLICY.c.campaign_id == campaign_id)
+                .order_by(POLICY.c.step.desc())
+                .limit(1)
+            ).one_or_none()
+        return None if row is None else _policy_record(row)
+
+
+def _scores_of_slots(
+    connection: Connection, trajectories: Sequence[Any]
+) -> dict[int, dict[str, float]]:
+    """Program id -> its scores by objective, for every program a candidate slot names."""
+    wanted = {
+        slot["program_id"]
+        for row in trajectories
+        for slot in row.candidates
+        if slot.get("program_id") is not None
+    }
+    scores: dict[int, dict[str, float]] = {}
+    for score in connection.execute(
+        select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value).where(
+            SCORE.c.program_id.in_(wanted)
+        )
+    ):
+        scores.setdefault(score.program_id, {})[score.objective] = score.value
+    return scores
+
+
+def _training_rollout(
+    row: Any, prompt_token_ids: tuple[int, ...], scores: dict[int, dict[str, float]]
+) -> TrainingRollout:
+    slots = sorted(row.candidates, key=lambda slot: slot["index"])
+    return TrainingRollout(
+        prompt_token_ids=prompt_token_ids,
+        token_ids=tuple(row.token_ids),
+        logprobs=None if row.logprobs is None else tuple(row.logprobs),
+        candidates=tuple(
+            None if slot.get("program_id") is None else scores.get(slot["program_id"], {})
+            for slot in slots
+        ),
+    )
+
+
+def _policy_record(row: Any) -> PolicyRecord:
+    return PolicyRecord(row.id, row.campaign_id, row.step, row.path, row.metrics, row.created_at)
