@@ -89,8 +89,8 @@ def _write_iteration(
     group_id = _insert_group(connection, campaign_id, group, now)
     if group.rollouts:
         _write_rollouts(connection, campaign_id, group_id, group, parent.generation + 1, now)
-    for program_id, island in migrations:
-        _migrate(connection, campaign_id, program_id, island, now)
+    if migrations:
+        _migrate(connection, campaign_id, migrations, now)
     payload = {"group_id": group_id, "iteration": group.iteration, "island": group.island}
     log_event(connection, campaign_id, "group_recorded", payload, now)
     return group_id
@@ -244,18 +244,37 @@ def _slot(
 
 
 def _migrate(
-    connection: Connection, campaign_id: int, program_id: int, island: int, now: datetime
-) -> int:
-    """A migrant: the same code and scores on another island, its source as parent."""
-    source = connection.execute(select(PROGRAM).where(PROGRAM.c.id == program_id)).one_or_none()
-    if source is None or source.campaign_id != campaign_id:
-        raise ValueError(f"program {program_id} is not in campaign {campaign_id}")
-    scores = connection.execute(
-        select(SCORE.c.objective, SCORE.c.value, SCORE.c.raw).where(
-            SCORE.c.program_id == program_id
+    connection: Connection,
+    campaign_id: int,
+    migrations: Sequence[tuple[int, int]],
+    now: datetime,
+) -> None:
+    """Migrants: each (program, island) pair's code and scores copied to that island, the
+    source as parent; one batch for the iteration's migrations."""
+    wanted = sorted({program_id for program_id, _ in migrations})
+    sources = {
+        row.id: row for row in connection.execute(select(PROGRAM).where(PROGRAM.c.id.in_(wanted)))
+    }
+    for program_id, _ in migrations:
+        if program_id not in sources or sources[program_id].campaign_id != campaign_id:
+            raise ValueError(f"program {program_id} is not in campaign {campaign_id}")
+    scores: dict[int, list[Any]] = {}
+    for score in connection.execute(select(SCORE).where(SCORE.c.program_id.in_(wanted))):
+        scores.setdefault(score.program_id, []).append(score)
+    copies = [
+        (
+            _copy(sources[program_id], scores.get(program_id, [])),
+            Lineage("migration", program_id, island, sources[program_id].generation),
         )
-    ).all()
-    copy = NewProgram(
+        for program_id, island in migrations
+    ]
+    # A migrant keeps its source's hash, which an earlier release may have computed.
+    hashes = [sources[program_id].code_hash for program_id, _ in migrations]
+    insert_programs(connection, campaign_id, copies, now, log=True, hashes=hashes)
+
+
+def _copy(source: Any, scores: Sequence[Any]) -> NewProgram:
+    return NewProgram(
         code=source.code,
         status=source.status,
         scores={score.objective: score.value for score in scores},
@@ -263,8 +282,3 @@ def _migrate(
         error=source.error,
         metrics=source.metrics,
     )
-    lineage = Lineage("migration", parent_id=source.id, island=island, generation=source.generation)
-    [copy_id] = insert_programs(
-        connection, campaign_id, [(copy, lineage)], now, log=True, hashes=[source.code_hash]
-    )
-    return copy_id
