@@ -19,41 +19,18 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from harness.errors import UserError
+from harness.config import AnswerSettings
 from harness.llm.base import Completion, Sampling
 from problems.api import AnswerProblem
 
 KS = (1, 3, 5, 10, 30)
-
-
-@dataclass(frozen=True)
-class AnswerSettings:
-    out: Path
-    model: str = "smollm2"
-    advantage: str = "vpo"
-    steps: int = 20
-    prompts_per_step: int = 4
-    group_size: int = 8
-    candidates: int = 3  # m answers per completion
-    max_tokens: int = 512
-    temperature: float = 1.0  # training samples
-    eval_temperature: float = 0.7  # the paper's evaluation temperature
-    eval_prompts: int = 20  # held-out instances (the paper: 100)
-    eval_generations: int = 10  # completions per held-out prompt (the paper: 10 x m = 30)
-    eval_every: int = 0  # 0: before and after training only
-    train_size: int = 1000  # training instances cycled through (the paper: 1000)
-    learning_rate: float = 1e-6
-    lora: bool = False
-    lora_rank: int = 16
-    kl_beta: float = 1e-3
-    micro_batch: int = 2  # maze prompts are ~700 tokens: 8 rows of them need ~20 GB on a CPU
-    seed: int = 0
+# Room for the prompt beside the completion in a training sequence.
+PROMPT_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -158,74 +135,38 @@ def train_answers(
     settings: AnswerSettings,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train `settings.model` with RL on `problem`; write the model and a report to `out`."""
-    import torch
-
+    """Train `settings.training.model` with RL on `problem`; write the model and a report to
+    `out`."""
     from harness.llm.transformers_backend import TransformersGenerator
-    from harness.training import fresh_policy
-    from trainer.loss import LossConfig
-    from trainer.train import Group, Rollout, TrainConfig, train_step
+    from harness.training import load_policy, settings_json
 
-    policy = fresh_policy(
-        settings.model, settings.learning_rate, settings.lora, settings.lora_rank, settings.kl_beta
-    )
+    training = replace(settings.training, sequence_tokens=settings.max_tokens + PROMPT_TOKENS)
+    settings = replace(settings, training=training)
+    policy, config = load_policy(training)
     # The generator samples from the very model being trained: each step is seen at once.
     generator = TransformersGenerator(
-        settings.model, hf_model=policy.model, tokenizer=policy.tokenizer
+        training.model, hf_model=policy.model, tokenizer=policy.tokenizer
     )
-    config = TrainConfig(
-        advantage=settings.advantage,
-        loss=LossConfig(beta=settings.kl_beta),
-        micro_batch=settings.micro_batch,
-        temperature=settings.temperature,
-        max_tokens=settings.max_tokens + 2048,
-    )
-    order = np.random.default_rng(settings.seed).permutation(settings.train_size)
-    m = settings.candidates
     evals: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
 
     def run_eval(step: int) -> None:
-        report = evaluate_policy(problem, generator, settings, seed=settings.seed + 7919 * step)
+        report = evaluate_policy(problem, generator, settings, seed=training.seed + 7919 * step)
         report["step"] = step
         evals.append(report)
         say(eval_line(f"after step {step}" if step else "before training", report))
 
+    order = np.random.default_rng(training.seed).permutation(settings.train_size)
+    per_step = settings.prompts_per_step
     run_eval(0)
     for step in range(1, settings.steps + 1):
-        started = time.perf_counter()
-        picks = [
-            int(order[((step - 1) * settings.prompts_per_step + j) % settings.train_size])
-            for j in range(settings.prompts_per_step)
-        ]
-        instances = [problem.instance("train", i) for i in picks]
-        samples = _sample(
-            problem, generator, instances, m, settings.group_size,
-            settings.temperature, settings.max_tokens, settings.seed * 1_000_003 + step,
-        )  # fmt: skip
-        generated = time.perf_counter() - started
-        groups = [
-            _group(problem, instance, completions, m, Group, Rollout)
-            for instance, completions in zip(instances, samples, strict=True)
-        ]
-        try:
-            metrics = train_step(
-                policy,
-                groups,
-                config,
-                generator=torch.Generator().manual_seed(settings.seed * 7_919 + step),
-            )
-        except ValueError as error:
-            raise UserError(f"training step {step}: {error}") from None
-        record = metrics.as_dict() | {
-            "generation_seconds": generated,
-            "mean_reward": float(
-                np.mean([g.scores[g.mask].mean() if g.mask.any() else 0.0 for g in groups])
-            ),
-            "answered": float(np.mean([g.mask.mean() for g in groups])),
-        }
+        picks = [int(order[((step - 1) * per_step + j) % len(order)]) for j in range(per_step)]
+        metrics, record = _rl_step(problem, generator, policy, config, settings, picks)
         steps.append(record)
-        say(f"{metrics.line()} | answered {record['answered']:.0%} | generation {generated:.0f} s")
+        say(
+            f"{metrics.line()} | answered {record['answered']:.0%} | "
+            f"generation {record['generation_seconds']:.0f} s"
+        )
         if settings.eval_every and step % settings.eval_every == 0 and step < settings.steps:
             run_eval(step)
     if settings.steps:
@@ -233,13 +174,49 @@ def train_answers(
     out = policy.save_merged(settings.out)
     report = {
         "problem": problem.name,
-        "base_model": settings.model,
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()},
+        "base_model": training.model,
+        "settings": settings_json(settings),
         "steps": steps,
         "evals": evals,
     }
     (out / "vpo-train.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _rl_step(
+    problem: AnswerProblem,
+    generator: Any,
+    policy: Any,
+    config: Any,
+    settings: AnswerSettings,
+    picks: Sequence[int],
+) -> tuple[Any, dict[str, Any]]:
+    """The next step: G completions of each picked training instance, scored, then one
+    policy step on those groups; its metrics, and them with what the sampling yielded."""
+    from harness.training import take_step
+    from trainer.train import Group, Rollout
+
+    started = time.perf_counter()
+    training, m = settings.training, settings.candidates
+    step = policy.step + 1
+    instances = [problem.instance("train", i) for i in picks]
+    samples = _sample(
+        problem, generator, instances, m, settings.group_size,
+        training.temperature, settings.max_tokens, training.seed * 1_000_003 + step,
+    )  # fmt: skip
+    generated = time.perf_counter() - started
+    groups = [
+        _group(problem, instance, completions, m, Group, Rollout)
+        for instance, completions in zip(instances, samples, strict=True)
+    ]
+    metrics = take_step(policy, config, groups, seed=training.seed * 7_919 + step)
+    return metrics, metrics.as_dict() | {
+        "generation_seconds": generated,
+        "mean_reward": float(
+            np.mean([g.scores[g.mask].mean() if g.mask.any() else 0.0 for g in groups])
+        ),
+        "answered": float(np.mean([g.mask.mean() for g in groups])),
+    }
 
 
 def _sample(

@@ -39,7 +39,7 @@ from harness.sandbox import Limits, Sandbox
 from harness.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.store import Store
 from harness.training import (
-    Trainer,
+    CampaignTrainer,
     base_generator,
     check_backend,
     maybe_train,
@@ -94,7 +94,7 @@ class CampaignRun:
     seen: set[str]  # code hashes evaluated already: duplicates are never evaluated twice
     progress: Progress = field(default_factory=Progress)
     last_program_id: int = 0
-    trainer: Trainer | None = None  # set when the campaign trains (train_every > 0)
+    trainer: CampaignTrainer | None = None  # set when the campaign trains (train_every > 0)
 
 
 def open_campaign(store: Store, config: CampaignConfig, problem: Problem) -> int:

@@ -3,7 +3,11 @@
     vpo run circle_packing --config campaign.toml --iterations 50
 
 A campaign stores its effective config in the database; resuming uses the stored one, and only
-the flags given on the command line override it.
+the flags given on the command line override it. A setting made with `setting(...)` is a flag
+of `vpo run` (its help text lives here, nowhere else).
+
+How a policy learns is `TrainSettings`, the same wherever it is trained; `OfflineSettings` and
+`AnswerSettings` add what `vpo train --db` and `vpo train --problem` need beside it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,9 @@ STRATEGIES = ("evolve", "best-of-n")
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo")
+# The two groups of flags in `vpo run --help`.
+SETTINGS = "settings (override the config file and the stored campaign)"
+TRAINING = "training (VPO inside the campaign)"
 
 # Every float setting's range, checked in one place (`check_float`): (low, high, whether low
 # itself is allowed, the range in words). NaN and infinity are outside every range; TOML
@@ -40,33 +47,29 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
 }
 
 
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    short: str | None = None,
+    group: str = SETTINGS,
+) -> Any:
+    """A campaign setting that `vpo run`, `vpo worker` and `vpo config show` take as a flag:
+    `--name-with-dashes` (or `flag`, and `short` beside it), shown in the help under `group`
+    with `help`, in which `{default}` stands for the default. A field made without this has
+    no flag (a file or the stored campaign sets it)."""
+    metadata = {"help": help, "flag": flag, "short": short, "group": group}
+    return field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True)
-class CampaignConfig:
-    problem: str = "circle_packing"
-    name: str | None = None  # campaign name; default: the problem's name
-    seed: int = 0
-    iterations: int = 20  # total for the campaign: a resumed run continues up to this many
-    strategy: str = "evolve"  # evolve | best-of-n (always prompt with the seed)
-    # model
-    backend: str = "transformers"
+class TrainSettings:
+    """How a policy learns, wherever it is trained: inside a campaign, beside workers
+    (`vpo train --follow`), offline on a campaign's groups, by RL on an answer problem. Its
+    defaults are also the campaign's."""
+
     model: str = "smollm2"  # the embedded SmolLM2-135M-Instruct; any HF id or folder works
-    base_url: str | None = None  # openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1
-    api_key_env: str = "OPENAI_API_KEY"  # the variable holding the key; the key is never stored
-    # sampling: G rollouts per prompt, m candidates per rollout
-    group_size: int = 4
-    candidates: int = 3
-    temperature: float = 0.8
-    top_p: float = 0.95
-    max_tokens: int = 768
-    # evolution
-    islands: int = 4
-    migration_interval: int = 20  # iterations between migrations of island bests
-    drafts: int = 3  # programs shown beside the parent (2-4)
-    # evaluation
-    workers: int = 0  # parallel sandbox workers; 0: one per CPU
-    time_limit: float = 0.0  # seconds per call; 0: the problem's own limit
-    # training: one policy step after every `train_every` new groups (0: never)
-    train_every: int = 0
     advantage: str = "vpo"  # vpo | grpo | multi_rlvr | max_at_k | gdpo
     learning_rate: float = 1e-6  # the VPO paper's full fine-tuning rate
     lora: bool = False  # train a LoRA adapter instead of every weight
@@ -75,7 +78,109 @@ class CampaignConfig:
     dirichlet_weights: int = 100  # K weight vectors per group (VPO)
     dirichlet_alpha: float = 1.0
     micro_batch: int = 8  # rollouts per forward/backward pass
-    policy_dir: str | None = None  # where policy versions go; default: beside the database
+    temperature: float = 1.0  # what the rollouts were sampled at: log-probs are of logits / T
+    sequence_tokens: int = 4096  # longest prompt + completion trained on; longer is cut
+    seed: int = 0
+
+
+# A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
+LORA_LEARNING_RATE = 1e-5
+# Prompts hold the parent and drafts: room for them beside a campaign's completions.
+PROMPT_ROOM_TOKENS = 8192
+
+
+def trained_temperature(sampled: float) -> float:
+    """The temperature a step divides the logits by for rollouts sampled at `sampled`:
+    greedy sampling (0) is trained as if at a small temperature."""
+    return max(sampled, 1e-3)
+
+
+# `vpo train --follow`: groups per step when neither its flag nor the campaign says.
+FOLLOW_EVERY = 4
+
+
+@dataclass(frozen=True)
+class OfflineSettings:
+    """`vpo train --db`: fine-tune on every group a campaign recorded (harness/training.py)."""
+
+    out: Path
+    training: TrainSettings = TrainSettings()
+    steps: int | None = None  # default: one pass over the groups
+    groups_per_step: int = 8
+
+
+# Maze prompts are ~700 tokens: 8 rows of them need ~20 GB on a CPU, so 2 rows a pass.
+ANSWER_TRAINING = TrainSettings(micro_batch=2)
+
+
+@dataclass(frozen=True)
+class AnswerSettings:
+    """`vpo train --problem`: RL on an answer problem (harness/answers.py)."""
+
+    out: Path
+    training: TrainSettings = ANSWER_TRAINING  # its temperature is also the sampling one
+    steps: int = 20
+    prompts_per_step: int = 4
+    group_size: int = 8
+    candidates: int = 3  # m answers per completion
+    max_tokens: int = 512
+    eval_temperature: float = 0.7  # the paper's evaluation temperature
+    eval_prompts: int = 20  # held-out instances (the paper: 100)
+    eval_generations: int = 10  # completions per held-out prompt (the paper: 10 x m = 30)
+    eval_every: int = 0  # 0: before and after training only
+    train_size: int = 1000  # training instances cycled through (the paper: 1000)
+
+
+@dataclass(frozen=True)
+class CampaignConfig:
+    problem: str = "circle_packing"
+    name: str | None = None  # campaign name; default: the problem's name
+    seed: int = setting(0, "random seed ({default})")
+    # total for the campaign: a resumed run continues up to this many
+    iterations: int = setting(20, "total iterations ({default})")
+    # best-of-n always prompts with the seed
+    strategy: str = setting("evolve", "evolve or best-of-n ({default})")
+    # model
+    backend: str = setting("transformers", "transformers, vllm or openai ({default})")
+    model: str = setting(TrainSettings.model, "model name, HF id or folder ({default})")
+    # openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1
+    base_url: str | None = setting(None, "openai endpoint URL")
+    # the variable holding the key; the key is never stored
+    api_key_env: str = setting("OPENAI_API_KEY", "variable holding the API key ({default})")
+    # sampling: G rollouts per prompt, m candidates per rollout
+    group_size: int = setting(4, "rollouts per prompt ({default})", short="-G")
+    candidates: int = setting(3, "candidates per rollout ({default})", short="-m")
+    temperature: float = setting(0.8, "sampling temperature ({default})")
+    top_p: float = setting(0.95, "nucleus ({default})")
+    max_tokens: int = setting(768, "tokens per completion ({default})")
+    # evolution
+    islands: int = setting(4, "islands ({default})")
+    migration_interval: int = setting(20, "iterations between migrations ({default})")
+    drafts: int = setting(3, "drafts beside the parent ({default})")  # programs; 2-4
+    # evaluation
+    workers: int = setting(0, "sandbox workers ({default}: one per CPU)")
+    time_limit: float = setting(0.0, "seconds per call ({default}: the problem's own)")
+    # training: one policy step after every `train_every` new groups (0: never)
+    train_every: int = setting(
+        0, "one training step after every K new groups ({default}: no training)", group=TRAINING
+    )
+    advantage: str = setting(
+        TrainSettings.advantage,
+        "vpo, grpo, multi_rlvr, max_at_k or gdpo ({default})",
+        group=TRAINING,
+    )
+    learning_rate: float = setting(
+        TrainSettings.learning_rate, "learning rate ({default})", flag="--lr", group=TRAINING
+    )
+    lora: bool = setting(TrainSettings.lora, "train a LoRA adapter", group=TRAINING)
+    lora_rank: int = setting(TrainSettings.lora_rank, "LoRA rank ({default})", group=TRAINING)
+    kl_beta: float = setting(TrainSettings.kl_beta, "KL weight ({default})", group=TRAINING)
+    dirichlet_weights: int = TrainSettings.dirichlet_weights
+    dirichlet_alpha: float = TrainSettings.dirichlet_alpha
+    micro_batch: int = TrainSettings.micro_batch
+    policy_dir: str | None = setting(
+        None, "where policy versions are saved (default: beside the database)", group=TRAINING
+    )
 
     def __post_init__(self) -> None:
         _check_floats(self)
@@ -113,6 +218,23 @@ class CampaignConfig:
                     "true when training (train_every > 0) with the openai backend: a server "
                     "takes each new policy version as a LoRA adapter",
                 )
+
+    def training(self) -> TrainSettings:
+        """How this campaign trains its policy."""
+        return TrainSettings(
+            model=self.model,
+            advantage=self.advantage,
+            learning_rate=self.learning_rate,
+            lora=self.lora,
+            lora_rank=self.lora_rank,
+            kl_beta=self.kl_beta,
+            dirichlet_weights=self.dirichlet_weights,
+            dirichlet_alpha=self.dirichlet_alpha,
+            micro_batch=self.micro_batch,
+            temperature=trained_temperature(self.temperature),
+            sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
+            seed=self.seed,
+        )
 
     @property
     def sandbox_workers(self) -> int:

@@ -1,42 +1,116 @@
-"""Training inside a campaign: after every K new groups, one step on the newest unused groups.
+"""The bridge to trainer/: one training setup for every way the policy is trained, with groups
+from the store as tensors.
 
-    trainer = start_trainer(config, store, campaign_id, objectives)   # None when train_every = 0
-    generator = trainer_generator(config, trainer)                    # sees the policy's weights
+    policy, step = load_policy(settings)                  # TrainSettings -> what a step needs
+    metrics = take_step(policy, step, groups, seed=1)
+
+Inside a campaign, one step on the newest unused groups after every K new ones:
+
+    trainer = start_trainer(config, store, campaign_id, name, objectives)  # None: no training
+    generator = trainer_generator(config, trainer)                  # sees the policy's weights
     ...
-    metrics = maybe_train(trainer, generator)                         # between two generations
+    metrics = maybe_train(trainer, generator)                       # between two generations
+
+Beside workers, `follow` does the same as groups come in (`vpo train --follow`); offline,
+`train_offline` learns from every group of a campaign (`vpo train --db`); on an answer
+problem, harness/answers.py samples its own groups (`vpo train --problem`).
 
 A step reads the groups from the database (token ids and every candidate's score vector),
 trains, saves the policy version (weights or adapter, optimiser state, step counter) in
 `policy_dir/step-NNNNNN`, then marks the groups and adds the `policy_version` row in one
-transaction, and finally publishes the weights to the generator. A kill before that
-transaction leaves the groups unused and the version unrecorded: the resumed run loads the last
-recorded version and trains the same step again, so each group trains once and the versions
-stay contiguous.
+transaction, and finally publishes the weights to the generator (harness/publish.py). A kill
+before that transaction leaves the groups unused and the version unrecorded: the resumed run
+loads the last recorded version and trains the same step again, so each group trains once and
+the versions stay contiguous.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from harness import faults
-from harness.config import CampaignConfig
+from harness.config import FOLLOW_EVERY, CampaignConfig, OfflineSettings, TrainSettings, build
 from harness.errors import UserError
-from harness.records import TrainingGroup
-from harness.store import Store
+from harness.publish import check_trainable_endpoint, publish, safe_name, step_name
+from harness.records import CampaignRecord, TrainingGroup
 
 if TYPE_CHECKING:
     from harness.llm import Generator
+    from harness.store import Store
     from trainer.policy import Policy
     from trainer.train import Group, StepMetrics, TrainConfig
 
 
+def load_policy(
+    settings: TrainSettings, *, resume: str | None = None, device: str | None = None
+) -> tuple[Policy, TrainConfig]:
+    """The policy to train and the config of its step: the version saved in folder `resume`,
+    else `settings.model` afresh (with a frozen reference only when the KL term is on). A
+    model that cannot be loaded is a UserError."""
+    from trainer.loss import LossConfig
+    from trainer.models import ModelError
+    from trainer.policy import Policy, PolicyConfig
+    from trainer.train import TrainConfig
+
+    try:
+        if resume is None:
+            config = PolicyConfig(
+                lr=settings.learning_rate,
+                lora=settings.lora,
+                lora_rank=settings.lora_rank,
+                reference=settings.kl_beta > 0,
+                device=device,
+            )
+            policy = Policy.load(settings.model, config)
+        else:
+            policy = Policy.resume(resume, device=device)
+    except ModelError as error:
+        raise UserError(str(error)) from None
+    step = TrainConfig(
+        advantage=settings.advantage,
+        num_weights=settings.dirichlet_weights,
+        alpha=settings.dirichlet_alpha,
+        loss=LossConfig(beta=settings.kl_beta),
+        micro_batch=settings.micro_batch,
+        temperature=settings.temperature,
+        max_tokens=settings.sequence_tokens,
+    )
+    return policy, step
+
+
+def take_step(
+    policy: Policy,
+    config: TrainConfig,
+    groups: Sequence[Group],
+    *,
+    seed: int,
+    accelerator: Any = None,
+) -> StepMetrics:
+    """One optimisation step on `groups`, its random draws (the Dirichlet weights) seeded by
+    `seed`; groups the step cannot take are a UserError naming the step."""
+    import torch
+
+    from trainer.train import train_step
+
+    number = policy.step + 1
+    rng = torch.Generator().manual_seed(seed)
+    try:
+        return train_step(policy, groups, config, generator=rng, accelerator=accelerator)
+    except ValueError as error:
+        raise UserError(f"training step {number}: {error}") from None
+
+
 @dataclass
-class Trainer:
+class CampaignTrainer:
+    """The policy a campaign trains: where its groups come from and its versions go."""
+
     store: Store
     campaign_id: int
     every: int
@@ -61,8 +135,8 @@ def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> P
     url = store.engine.url
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         database = Path(url.database)
-        return database.with_name(database.stem + ".policies") / _safe(campaign_name)
-    return Path("policies") / _safe(campaign_name)
+        return database.with_name(database.stem + ".policies") / safe_name(campaign_name)
+    return Path("policies") / safe_name(campaign_name)
 
 
 def start_trainer(
@@ -71,40 +145,18 @@ def start_trainer(
     campaign_id: int,
     campaign_name: str,
     objectives: list[str],
-) -> Trainer | None:
+) -> CampaignTrainer | None:
     """The policy of the campaign: its last recorded version, else `config.model` afresh."""
     if not config.train_every:
         return None
-    from trainer.loss import LossConfig
-    from trainer.models import ModelError
-    from trainer.policy import Policy
-    from trainer.train import TrainConfig
-
     latest = store.latest_policy(campaign_id)
-    try:
-        if latest is None:
-            policy = fresh_policy(
-                config.model, config.learning_rate, config.lora, config.lora_rank, config.kl_beta
-            )
-        else:
-            policy = Policy.resume(latest.path)
-            if policy.step != latest.step:
-                raise UserError(
-                    f"policy version {latest.step} at {latest.path} holds step {policy.step}; "
-                    "the folder was changed after it was recorded"
-                )
-    except ModelError as error:
-        raise UserError(str(error)) from None
-    train = TrainConfig(
-        advantage=config.advantage,
-        num_weights=config.dirichlet_weights,
-        alpha=config.dirichlet_alpha,
-        loss=LossConfig(beta=config.kl_beta),
-        micro_batch=config.micro_batch,
-        temperature=max(config.temperature, 1e-3),
-        max_tokens=config.max_tokens + 8192,
-    )
-    return Trainer(
+    policy, step = load_policy(config.training(), resume=None if latest is None else latest.path)
+    if latest is not None and policy.step != latest.step:
+        raise UserError(
+            f"policy version {latest.step} at {latest.path} holds step {policy.step}; "
+            "the folder was changed after it was recorded"
+        )
+    return CampaignTrainer(
         store=store,
         campaign_id=campaign_id,
         every=config.train_every,
@@ -112,28 +164,11 @@ def start_trainer(
         candidates=config.candidates,
         seed=config.seed,
         policy=policy,
-        config=train,
+        config=step,
         folder=policy_folder(config, store, campaign_name),
         name=campaign_name,
         version_id=None if latest is None else latest.id,
     )
-
-
-def fresh_policy(
-    model: str, lr: float, lora: bool, lora_rank: int, kl_beta: float, device: str | None = None
-) -> Policy:
-    """The starting policy: `model`'s weights, a reference only when the KL term is on; a model
-    that cannot be loaded is a UserError."""
-    from trainer.models import ModelError
-    from trainer.policy import Policy, PolicyConfig
-
-    config = PolicyConfig(
-        lr=lr, lora=lora, lora_rank=lora_rank, reference=kl_beta > 0, device=device
-    )
-    try:
-        return Policy.load(model, config)
-    except ModelError as error:
-        raise UserError(str(error)) from None
 
 
 def check_backend(config: CampaignConfig) -> None:
@@ -163,7 +198,7 @@ def base_generator(config: CampaignConfig) -> Generator:
     return make_generator(config.backend, config.model, **options)
 
 
-def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
+def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Generator:
     """A generator that samples from the trainer's current weights."""
     if config.backend == "transformers":
         from harness.llm.transformers_backend import TransformersGenerator
@@ -177,7 +212,7 @@ def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
         if config.backend == "openai":
             check_trainable_endpoint(generator)
         if trainer.version_id is not None:
-            folder = trainer.folder / _step_name(trainer.policy.step)
+            folder = trainer.folder / step_name(trainer.policy.step)
             publish(trainer.policy, generator, folder, campaign_name=trainer.name)
     except BaseException:
         generator.close()
@@ -185,43 +220,21 @@ def trainer_generator(config: CampaignConfig, trainer: Trainer) -> Generator:
     return generator
 
 
-def check_trainable_endpoint(generator: Any) -> None:
-    """Training from an endpoint needs the sampled token ids (only vLLM returns them) and a
-    server that loads each new version as a LoRA adapter."""
-    if generator.server != "vllm":
-        raise UserError(
-            f"training needs the sampled token ids, which only a vLLM server returns; "
-            f"{generator.base_url} is served by {generator.server or 'an unknown server'}"
-        )
-    generator.check_adapters()
-
-
-def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | None:
+def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMetrics | None:
     """One step when `every` unused groups are waiting; None otherwise."""
-    import torch
-
-    from trainer.train import train_step
-
     store = trainer.store
     if store.untrained_count(trainer.campaign_id) < trainer.every:
         return None
     stored = store.untrained_groups(trainer.campaign_id, trainer.every)
     groups = [to_group(g, trainer.objectives, trainer.candidates) for g in stored]
-    groups = [g for g in groups if g is not None]
     step = trainer.policy.step + 1
     # The Dirichlet draws of step s depend only on (seed, s): a resumed run redoes them exactly.
     seed = int.from_bytes(hashlib.sha256(f"{trainer.seed}:{step}".encode()).digest()[:8], "big")
-    try:
-        metrics = train_step(
-            trainer.policy,
-            groups,
-            trainer.config,
-            generator=torch.Generator().manual_seed(seed >> 1),
-        )
-    except ValueError as error:
-        raise UserError(f"training step {step}: {error}") from None
+    metrics = take_step(
+        trainer.policy, trainer.config, [g for g in groups if g is not None], seed=seed >> 1
+    )
     faults.point("train_step")  # the weights moved in memory, nothing saved
-    folder = trainer.policy.save(trainer.folder / _step_name(metrics.step))
+    folder = trainer.policy.save(trainer.folder / step_name(metrics.step))
     faults.point("train_saved")  # saved, not recorded
     trainer.version_id = store.record_train_step(
         trainer.campaign_id,
@@ -240,20 +253,57 @@ def maybe_train(trainer: Trainer, generator: Generator | None) -> StepMetrics | 
     return metrics
 
 
-@dataclass(frozen=True)
-class OfflineSettings:
-    out: Path
-    model: str
-    advantage: str = "vpo"
-    steps: int | None = None  # default: one pass over the groups
-    groups_per_step: int = 8
-    learning_rate: float = 1e-6
-    lora: bool = False
-    lora_rank: int = 16
-    kl_beta: float = 1e-3
-    micro_batch: int = 8
-    temperature: float = 1.0
-    seed: int = 0
+def follow(
+    store: Store,
+    campaign: CampaignRecord,
+    overrides: Mapping[str, Any],
+    *,
+    steps: int | None = None,
+    poll: float = 2.0,
+    say: Callable[[str], None] = print,
+) -> int:
+    """Train beside a campaign's workers (`vpo train --follow`): a step whenever `train_every`
+    new groups wait, each version published for the workers, until the campaign's budget is
+    recorded and used (or after `steps` steps); returns the steps taken.
+
+    The settings are the campaign's under `overrides` (None: unset); `train_every` is the
+    override's, else the campaign's, else FOLLOW_EVERY. The follower never samples."""
+    stored = build(campaign.config, where="the campaign's settings")
+    every = overrides.get("train_every") or stored.train_every or FOLLOW_EVERY
+    changes = {**overrides, "train_every": every, "backend": "transformers"}
+    config = build(campaign.config, changes, where="the campaign's settings")
+    on_server = stored.backend == "openai"
+    if on_server and not config.lora:
+        raise UserError(
+            f"the workers of campaign {campaign.name!r} sample from a server, which takes new "
+            "policy versions only as LoRA adapters: give --lora"
+        )
+    trainer = start_trainer(
+        config, store, campaign.id, campaign.name, store.objectives(campaign.id)
+    )
+    assert trainer is not None
+    # Workers elsewhere read the recorded paths: make them absolute.
+    trainer.folder = trainer.folder.resolve()
+    # Workers of a campaign on a server load each LoRA version there as an adapter; only
+    # in-process workers need it merged into whole weights (a full model's size per version).
+    trainer.write_merged = not on_server
+    say(
+        f"following campaign {campaign.name!r} of {store.where}: a step every {every} new "
+        f"groups, versions in {trainer.folder}"
+    )
+    taken = 0
+    while steps is None or taken < steps:
+        metrics = maybe_train(trainer, None)
+        if metrics is not None:
+            taken += 1
+            say(metrics.line())
+            continue
+        done = store.iterations_done(campaign.id) >= config.iterations
+        if done and store.open_claims(campaign.id) == 0:
+            break  # every group is in; fewer than `every` are left unused
+        time.sleep(poll)
+    say(f"{taken} steps; the last policy version is step {trainer.policy.step}")
+    return taken
 
 
 def train_offline(
@@ -261,17 +311,14 @@ def train_offline(
     campaign_id: int,
     candidates: int,
     settings: OfflineSettings,
-    on_step: Any = None,
+    on_step: Callable[[StepMetrics], None] | None = None,
 ) -> list[StepMetrics]:
-    """Fine-tune `settings.model` on the campaign's groups (all of them, in iteration order,
-    cycling when `steps` asks for more) and write a model folder any backend loads."""
+    """Fine-tune `settings.training.model` on the campaign's groups (all of them, in iteration
+    order, cycling when `steps` asks for more) and write a model folder any backend loads."""
     import json
 
     import torch
     from accelerate import Accelerator
-
-    from trainer.loss import LossConfig
-    from trainer.train import TrainConfig, train_step
 
     objectives = store.objectives(campaign_id)
     groups = [
@@ -289,32 +336,13 @@ def train_offline(
     # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     rank, processes = accelerator.process_index, accelerator.num_processes
-    policy = fresh_policy(
-        settings.model,
-        settings.learning_rate,
-        settings.lora,
-        settings.lora_rank,
-        settings.kl_beta,
-        device=str(accelerator.device),
-    )
-    config = TrainConfig(
-        advantage=settings.advantage,
-        loss=LossConfig(beta=settings.kl_beta),
-        micro_batch=settings.micro_batch,
-        temperature=settings.temperature,
-    )
+    training = settings.training
+    policy, config = load_policy(training, device=str(accelerator.device))
     history = []
     for index in range(steps):
-        try:
-            metrics = train_step(
-                policy,
-                batches[index % len(batches)][rank::processes],
-                config,
-                generator=torch.Generator().manual_seed(settings.seed * 1_000_003 + index),
-                accelerator=accelerator,
-            )
-        except ValueError as error:
-            raise UserError(f"training step {index + 1}: {error}") from None
+        share = batches[index % len(batches)][rank::processes]
+        seed = training.seed * 1_000_003 + index
+        metrics = take_step(policy, config, share, seed=seed, accelerator=accelerator)
         history.append(metrics)
         if on_step is not None and accelerator.is_main_process:
             on_step(metrics)
@@ -325,16 +353,24 @@ def train_offline(
     report = {
         "campaign_id": campaign_id,
         "database": store.where,
-        "base_model": settings.model,
+        "base_model": training.model,
         "objectives": objectives,
         "groups": len(groups),
         "processes": processes,
-        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(settings).items()},
+        "settings": settings_json(settings),
         "steps": [m.as_dict() for m in history],
     }
     (out / "vpo-train.json").write_text(json.dumps(report, indent=2) + "\n")
     accelerator.wait_for_everyone()
     return history
+
+
+def settings_json(settings: Any) -> dict[str, Any]:
+    """A settings dataclass for a report: its `training` spread among its own fields, paths
+    as text."""
+    flat = {k: v for k, v in asdict(settings).items() if k != "training"}
+    flat |= asdict(settings.training)
+    return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}
 
 
 def refuse_sharding() -> None:
@@ -353,73 +389,6 @@ def refuse_sharding() -> None:
                 "(every process holds the whole model); use a multi-GPU data parallel config "
                 "(`accelerate launch --multi_gpu ...`)"
             )
-
-
-def publish(
-    policy: Policy,
-    generator: Generator | None,
-    folder: Path,
-    *,
-    campaign_name: str = "",
-    write_merged: bool = True,
-) -> None:
-    """Make `generator` sample from the policy's current weights, saved in `folder` (on a
-    server, as an adapter named after `campaign_name`); with no generator (`vpo train
-    --follow`), workers load the folder themselves, so a LoRA version is also written merged
-    beside it when `write_merged` (not when they all sample from a server)."""
-    if generator is None:
-        if policy.config.lora and write_merged:
-            policy.save_merged(folder.with_name(folder.name + "-merged"))
-        return
-    hf_model = getattr(generator, "hf_model", None)
-    if hf_model is policy.model:
-        return  # in-process transformers: the weights are shared
-    if hasattr(generator, "load_adapter"):
-        serve_adapter(generator, campaign_name, policy.step, folder)
-        return
-    reload = getattr(generator, "reload_weights", None)
-    if reload is None:
-        raise UserError(
-            f"the {getattr(generator, 'backend', '?')} backend cannot load new weights; "
-            "train with the transformers or vllm backend"
-        )
-    if policy.config.lora:
-        folder = policy.save_merged(folder.with_name(folder.name + "-merged"))
-    reload(str(folder))
-
-
-# A server keeps the newest version and the one before it, for workers still sampling from it.
-ADAPTERS_KEPT = 2
-
-
-def adapter_name(campaign_name: str, step: int) -> str:
-    return f"{_safe(campaign_name)}-{_step_name(step)}"
-
-
-def serve_adapter(generator: Any, campaign_name: str, step: int, folder: Path) -> None:
-    """Make an endpoint generator sample from the LoRA policy version `step` saved in `folder`:
-    loaded into the server under the version's name (once, whichever worker comes first), with
-    the campaign's versions older than the newest ADAPTERS_KEPT unloaded."""
-    if not (folder / "adapter_config.json").exists():
-        raise UserError(
-            f"policy version {step} at {folder} holds full weights, and a server takes new "
-            "versions only as LoRA adapters; train with --lora, or give the workers the "
-            "transformers or vllm backend"
-        )
-    generator.load_adapter(adapter_name(campaign_name, step), str(folder.resolve()))
-    for served, version in served_versions(generator, campaign_name).items():
-        if version <= step - ADAPTERS_KEPT:
-            generator.unload_adapter(served)
-
-
-def served_versions(generator: Any, campaign_name: str) -> dict[str, int]:
-    """The campaign's policy versions the generator's server holds: adapter name -> step."""
-    prefix = f"{_safe(campaign_name)}-step-"
-    return {
-        name: int(name[len(prefix) :])
-        for name in generator.served_adapters()
-        if name.startswith(prefix) and name[len(prefix) :].isdigit()
-    }
 
 
 def to_group(stored: TrainingGroup, objectives: list[str], candidates: int) -> Group | None:
@@ -443,11 +412,3 @@ def to_group(stored: TrainingGroup, objectives: list[str], candidates: int) -> G
         scores=scores,
         mask=mask,
     )
-
-
-def _step_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "campaign"

@@ -15,10 +15,11 @@ from harness.campaign import Progress, evaluate_and_store, loop_settings, prepar
 from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.llm import Generator, make_generator
+from harness.publish import serve_adapter
 from harness.records import PolicyRecord
 from harness.sandbox import Sandbox
 from harness.store import Store
-from harness.training import base_generator, serve_adapter
+from harness.training import base_generator
 from problems.api import Problem
 
 

@@ -398,7 +398,7 @@ def test_vllm_samples_from_a_published_policy_version(vllm_engine: Any, tmp_path
     reload it into the running engine; the samples change, and come back with the old weights."""
     import torch
 
-    from harness.training import publish
+    from harness.publish import publish
     from trainer.policy import Policy, PolicyConfig
 
     before = vllm_engine.generate(PROMPTS[:1], 2, SHORT)
@@ -484,7 +484,7 @@ def test_a_lora_version_is_loaded_into_the_server_and_sampled_by_name(
     tokenizer: Any,
     tmp_path: Path,
 ) -> None:
-    from harness.training import serve_adapter
+    from harness.publish import serve_adapter
 
     folders = [lora_policy.save(tmp_path / f"step-{k:06d}", optimizer=False) for k in (1, 2, 3)]
     endpoint = {"base_url": vllm_server, "api_key_env": "VPO_TEST_LLM_KEY"}
@@ -642,7 +642,7 @@ def test_openai_endpoint_error_mid_run_is_a_generation_error(scripted_server: st
 def test_a_server_that_cannot_take_adapters_is_refused_before_training(
     scripted_server: str,
 ) -> None:
-    from harness.training import check_trainable_endpoint
+    from harness.publish import check_trainable_endpoint
 
     generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
     try:

@@ -61,7 +61,7 @@ def client(server: str, model: str) -> Iterator[OpenAIGenerator]:
 
 
 def served_versions(client: OpenAIGenerator, campaign: str) -> set[str]:
-    from harness.training import served_versions as versions
+    from harness.publish import served_versions as versions
 
     return set(versions(client, campaign))
 

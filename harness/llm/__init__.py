@@ -14,7 +14,7 @@ import inspect
 from typing import Any
 
 from harness.errors import UserError
-from harness.llm.base import Completion, GenerationError, Generator, Message, Sampling
+from harness.llm.base import Completion, GenerationError, Generator, Message, Sampling, Weights
 
 __all__ = [
     "BACKENDS",
@@ -23,6 +23,7 @@ __all__ = [
     "Generator",
     "Message",
     "Sampling",
+    "Weights",
     "make_generator",
 ]
 

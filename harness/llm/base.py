@@ -53,6 +53,27 @@ def storable(completion: Completion) -> Completion:
     return replace(completion, text=_SURROGATES.sub("\ufffd", completion.text))
 
 
+class Weights(Protocol):
+    """A policy version the trainer saved, in whichever form a generator loads it."""
+
+    @property
+    def name(self) -> str:
+        """Unique per campaign and step: a server serves the adapter under it."""
+        ...
+
+    def model_folder(self) -> str:
+        """A Hugging Face folder of the whole model, a LoRA adapter merged in."""
+        ...
+
+    def adapter_folder(self) -> str:
+        """The folder of the LoRA adapter; a UserError when the version is whole weights."""
+        ...
+
+    def supersedes(self, name: str) -> bool:
+        """Whether the version served as `name` may be unloaded once this one is loaded."""
+        ...
+
+
 class Generator(Protocol):
     backend: str
     model: str  # what the user asked for, e.g. "smollm2" or a folder
@@ -61,6 +82,10 @@ class Generator(Protocol):
         self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
     ) -> list[list[Completion]]:
         """n completions for each prompt, in prompt order."""
+        ...
+
+    def load_weights(self, weights: Weights) -> None:
+        """Sample from the policy version `weights` from now on."""
         ...
 
     def close(self) -> None: ...

@@ -6,9 +6,9 @@ asked for them); log-probs come back where the server gives them. For the sampli
 RL step needs, start vLLM with `--logprobs-mode processed_logprobs`.
 
 A vLLM server started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` also
-takes LoRA adapters at run time (`load_adapter`): each policy version of a campaign becomes an
-adapter named after it, sampled from by name, so a server shared by many workers follows the
-trainer without a restart.
+takes LoRA adapters at run time (`load_weights`, `load_adapter`): each policy version of a
+campaign becomes an adapter named after it, sampled from by name, so a server shared by many
+workers follows the trainer without a restart.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from typing import Any
 import httpx
 
 from harness.errors import UserError
-from harness.llm.base import Completion, GenerationError, Message, Sampling, check_request
+from harness.llm.base import (
+    Completion,
+    GenerationError,
+    Message,
+    Sampling,
+    Weights,
+    check_request,
+)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -176,6 +183,15 @@ class OpenAIGenerator:
             self._request("/unload_lora_adapter", {"lora_name": "vpo-probe"})
             return
         self._refuse_if_unsupported(response)
+
+    def load_weights(self, weights: Weights) -> None:
+        """Sample from the policy version `weights` from now on: a server takes it only as a
+        LoRA adapter, loaded under the version's name (once, whichever client comes first);
+        the versions it supersedes are unloaded."""
+        self.load_adapter(weights.name, weights.adapter_folder())
+        for name in self.served_adapters():
+            if weights.supersedes(name):
+                self.unload_adapter(name)
 
     def load_adapter(self, name: str, path: str) -> None:
         """Sample from the LoRA adapter in folder `path`, served as `name`, from now on.

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
 from harness.llm.base import (
     Completion,
     Message,
     Sampling,
+    Weights,
     chat_prompt_ids,
     check_request,
     stop_token_ids,
@@ -50,23 +51,42 @@ class TransformersGenerator:
     ) -> None:
         """Load `model` (see `trainer.models.resolve_model`), or wrap an already-loaded one.
 
-        With `hf_model` and `tokenizer` given, `model` is only the name reported back.
+        With `hf_model` and `tokenizer` given, `model` is only the name reported back, and the
+        wrapped model is the one sampled from however it changes (the trainer's, stepped in
+        place: `load_weights` has nothing to do).
         """
-        from trainer.models import ModelError, load_model, load_tokenizer
-
         self.model = model
         self.batch_rows = max(1, batch_rows)
+        self.wraps_model = hf_model is not None
+        self.dtype, self.device, self.cache_dir = dtype, device, cache_dir
+        self._load(model, hf_model, tokenizer)
+
+    def _load(
+        self,
+        model: str,
+        hf_model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ) -> None:
+        from trainer.models import ModelError, load_model, load_tokenizer
+
         try:
-            self.tokenizer = tokenizer or load_tokenizer(model, cache_dir)
-            self.hf_model = hf_model or load_model(
-                model, dtype=dtype, device=device, cache_dir=cache_dir
+            tokenizer = tokenizer or load_tokenizer(model, self.cache_dir)
+            hf_model = hf_model or load_model(
+                model, dtype=self.dtype, device=self.device, cache_dir=self.cache_dir
             )
         except ModelError as error:
             raise UserError(str(error)) from None
+        self.tokenizer, self.hf_model = tokenizer, hf_model
         eos = self.hf_model.generation_config.eos_token_id
         self.stops = stop_token_ids(self.tokenizer, eos)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else min(self.stops)
+
+    def load_weights(self, weights: Weights) -> None:
+        """Sample from the policy version `weights` from now on: a wrapped model (the
+        trainer's) holds it already; otherwise its whole weights replace the loaded model."""
+        if not self.wraps_model:
+            self._load(weights.model_folder())
 
     def generate(
         self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
@@ -214,39 +234,13 @@ def _sample(
 ) -> list[tuple[list[int], list[float], str]]:
     """Decode copies[i] samples of prompts[i]; returns (tokens, logprobs, finish) per row."""
     import torch
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
-    width = max(map(len, prompts))
-    # Left padding, so every row's next token goes in the same (last) column.
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        mask[row, width - len(prompt) :] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        # Prefill each prompt once; its samples then share the cached prompt.
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        expand = torch.repeat_interleave(
-            torch.arange(len(prompts), device=device), torch.tensor(copies, device=device)
-        )
-        cache.batch_select_indices(expand)
-        logits = out.logits[:, -1, :][expand]
-        mask = mask[expand]
-        next_position = positions[expand, -1:] + 1
+        cache, logits, mask, next_position = _prefill(model, prompts, copies, pad_id)
         stop_ids = torch.tensor(sorted(stops), device=device)
 
-        rows = int(expand.numel())
+        rows = int(logits.shape[0])
         tokens: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         finish = ["length"] * rows
@@ -298,3 +292,37 @@ def _sample(
             logits = out.logits[:, -1, :]
             next_position = next_position + 1
     return [(tokens[row], logprobs[row], finish[row]) for row in range(rows)]
+
+
+def _prefill(
+    model: PreTrainedModel, prompts: list[list[int]], copies: list[int], pad_id: int
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run each prompt once; its copies then share the cached prompt. Returns the KV cache,
+    the next-token logits, the attention mask and the next position, one row per copy."""
+    import torch
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    width = max(map(len, prompts))
+    # Left padding, so every row's next token goes in the same (last) column.
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    expand = torch.repeat_interleave(
+        torch.arange(len(prompts), device=device), torch.tensor(copies, device=device)
+    )
+    cache.batch_select_indices(expand)
+    return cache, out.logits[:, -1, :][expand], mask[expand], positions[expand, -1:] + 1

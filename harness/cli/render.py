@@ -1,0 +1,279 @@
+"""What the commands print: rich tables on a terminal, one plain line per event elsewhere.
+
+Text from a candidate or a model (code, feedback, file names) is shown with its control
+characters escaped (`inert`), never obeyed by the terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from problems.api import Evaluation, Problem
+
+
+def print_problems(problems: Sequence[Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="problems")
+    for column in ("problem", "kind", "objective", "direction", "best known", "source"):
+        table.add_column(column)
+    for problem in problems:
+        for i, objective in enumerate(problem.objectives):
+            table.add_row(
+                problem.name if i == 0 else "",
+                problem.kind if i == 0 else "",
+                objective.name,
+                objective.direction,
+                f"{objective.best_known:.10g}",
+                objective.source,
+            )
+    Console().print(table)
+
+
+def problem_json(problem: Any) -> dict[str, Any]:
+    return {
+        "name": problem.name,
+        "kind": problem.kind,
+        "entry": getattr(problem, "entry", None),
+        "time_limit": getattr(problem, "time_limit", None),
+        "objectives": [
+            {
+                "name": o.name,
+                "direction": o.direction,
+                "best_known": o.best_known,
+                "source": o.source,
+                "description": o.description,
+                "anchors": [{"value": a.value, "source": a.source} for a in o.anchors],
+            }
+            for o in problem.objectives
+        ],
+    }
+
+
+def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    # A file name is shown as written, never read as rich markup or terminal codes.
+    table = Table(title=Text(inert(title)))
+    for column in ("objective", "score", "raw", "best known"):
+        table.add_column(column, justify="right" if column != "objective" else "left")
+    for objective in problem.objectives:
+        raw = evaluation.raw.get(objective.name)
+        table.add_row(
+            objective.name,
+            f"{evaluation.scores.get(objective.name, 0.0):.6f}",
+            "-" if raw is None else f"{raw:.10f}",
+            f"{objective.best_known:.10g}",
+        )
+    console = Console()
+    console.print(table)
+    line = f"status: {evaluation.status}"
+    if evaluation.reason:
+        # The reason quotes the candidate (its exception, its output): escaped like `vpo db`.
+        line += f" ({inert(evaluation.reason)})"
+    console.print(line, markup=False, highlight=False)
+
+
+class progress_reporter:  # noqa: N801 - used as a context manager, reads like a function
+    """A rich progress bar on a terminal; one plain line per iteration elsewhere (logs, CI)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.bar: Any = None
+
+    def __enter__(self) -> Any:
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("starting", total=self.total)
+        return self.report
+
+    def report(self, iteration: int, progress: Any) -> None:
+        line = progress.line(iteration, self.total)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=iteration, description=line)
+        else:
+            print(line, flush=True)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def print_best(problem: Problem, summary: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{problem.name}: best so far")
+    for column in ("objective", "score", "raw", "best known", "program"):
+        table.add_column(column, justify="left" if column == "objective" else "right")
+    for objective in problem.objectives:
+        best = summary.best.get(objective.name)
+        if best is None:
+            table.add_row(objective.name, "-", "-", f"{objective.best_known:.10g}", "-")
+            continue
+        raw = "-" if best["raw"] is None else f"{best['raw']:.10f}"
+        table.add_row(
+            objective.name,
+            f"{best['score']:.6f}",
+            raw,
+            f"{objective.best_known:.10g}",
+            str(best["program_id"]),
+        )
+    Console().print(table)
+    print(
+        f"programs: {summary.programs} ({summary.valid_programs} valid), "
+        f"iterations: {summary.groups}, tokens: {summary.tokens}"
+    )
+
+
+def print_summary(title: str, report: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    Console().print(summary_table(title, report))
+
+
+def print_view(command: str, data: Any) -> None:
+    """What `vpo db COMMAND` found, as a table (top, pareto, stats, lineage), a program
+    (show) or a diff."""
+    from rich.console import Console
+
+    console = Console()
+    if command in ("top", "pareto"):
+        console.print(_ranking(command, data))
+    elif command == "stats":
+        by_status = data["programs_by_status"].items()
+        rows = [(f"programs {status}", str(n)) for status, n in by_status]
+        console.print(summary_table("database", data, rows))
+    elif command == "show":
+        _print_program(console, data)
+    elif command == "diff":
+        from rich.syntax import Syntax
+        from rich.text import Text
+
+        if data["diff"]:
+            console.print(Syntax(inert(data["diff"]), "diff"))
+        else:
+            console.print(Text(f"programs {data['from']} and {data['to']} have the same code"))
+    else:
+        _print_lineage(console, data)
+
+
+def _ranking(command: str, data: Any) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"{command}: {len(data)} programs")
+    objectives = sorted({k for row in data for k in row["scores"]})
+    for column in ("id", "island", "gen", "origin", *objectives):
+        table.add_column(column, justify="right")
+    if command == "top":
+        table.add_column("by", justify="right")
+    for row in data:
+        cells = [str(row["id"]), str(row["island"]), str(row["generation"]), row["origin"]]
+        cells += [_score_cell(row, name) for name in objectives]
+        if command == "top":
+            cells.append(f"{row['value']:.6f}")
+        table.add_row(*cells)
+    return table
+
+
+def _print_program(console: Any, data: Any) -> None:
+    from rich.syntax import Syntax
+    from rich.text import Text
+
+    console.print(
+        Text(
+            f"program {data['id']}: {data['status']}, {data['origin']}, island "
+            f"{data['island']}, generation {data['generation']}, parent "
+            f"{data['parent_id']}"
+        )
+    )
+    for name, value in data["scores"].items():
+        raw = data["raw"].get(name)
+        console.print(Text(f"  {name}: {value:.6f} (raw {raw})"))
+    if data["error"]:
+        console.print(Text(f"feedback: {inert(data['error'])}"))
+    detail = data["origin_detail"]
+    if detail:
+        rollout = detail["trajectory"]
+        console.print(
+            Text(
+                f"from iteration {detail['iteration']} (group {detail['group_id']}), rollout "
+                f"{rollout['position']}, candidate {data['candidate_index']}; drafts shown: "
+                f"{detail['draft_ids'] or 'none'}; parse {rollout['parse_status']}"
+            )
+        )
+    console.print(Syntax(inert(data["code"]), "python", line_numbers=True))
+
+
+def _print_lineage(console: Any, data: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        title=f"lineage of program {data['program_id']}: depth {data['depth']}, "
+        f"islands {data['islands']}, mean children {data['branching']:.2f}"
+    )
+    for column in ("id", "island", "generation", "origin", "children"):
+        table.add_column(column, justify="right")
+    for step in data["path"]:
+        table.add_row(*(str(step[k]) for k in ("id", "island", "generation", "origin", "children")))
+    console.print(table)
+    console.print(
+        Text(
+            f"{data['drafts_shown']} draft edges, "
+            f"{data['ancestors_in_graph']} programs in the graph"
+        )
+    )
+
+
+def summary_table(title: str, report: dict[str, Any], extra: Sequence[tuple[str, str]] = ()) -> Any:
+    """The counts of `summary_json`, then `extra` rows, then the best value per objective."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for key in (
+        "programs",
+        "valid_programs",
+        "evaluations",
+        "groups",
+        "trajectories",
+        "policy_versions",
+        "tokens",
+    ):
+        table.add_row(key.replace("_", " "), str(report[key]))
+    for row in extra:
+        table.add_row(*row)
+    for objective, best in report["best"].items():
+        raw = "-" if best["raw"] is None else f"{best['raw']:.10g}"
+        table.add_row(
+            f"best {objective}", f"{best['score']:.6f} (raw {raw}, program {best['program_id']})"
+        )
+    return table
+
+
+def inert(text: str | None) -> str:
+    """Untrusted text (code, model output) with control characters shown, not obeyed: an ESC
+    in a candidate must not drive the user's terminal."""
+    if not text:
+        return ""
+    return "".join(c if c in "\n\t" or c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 256 else f"\\u{code:04x}"
+
+
+def _score_cell(row: dict[str, Any], name: str) -> str:
+    value = row["scores"].get(name)
+    return "-" if value is None else f"{value:.6f}"

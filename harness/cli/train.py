@@ -1,0 +1,325 @@
+"""`vpo train`: fine-tune a model on a campaign's groups (--db), beside its workers
+(--db --follow), or by RL on an answer problem (--problem maze).
+
+`python -m harness.cli.train ARGS` is `vpo train ARGS`: the module `accelerate launch` and
+`torchrun` start on every device (`accelerate launch --multi_gpu -m harness.cli.train --db ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from harness.cli.campaigns import find_campaign
+from harness.cli.flags import positive_float, positive_int
+from harness.config import (
+    ADVANTAGES,
+    ANSWER_TRAINING,
+    FOLLOW_EVERY,
+    LORA_LEARNING_RATE,
+    AnswerSettings,
+    OfflineSettings,
+    TrainSettings,
+    build,
+    check_float,
+    trained_temperature,
+)
+from harness.errors import UserError
+
+
+def add_commands(commands: Any) -> None:
+    p = commands.add_parser(
+        "train",
+        help="fine-tune a model on a database's groups (--db), "
+        "or by RL on an answer problem (--problem maze)",
+    )
+    p.add_argument("--db", default=None, help="database file or URL of the campaign to learn from")
+    p.add_argument(
+        "--problem",
+        default=None,
+        help="an answer problem (maze): VPO reinforcement learning on generated instances, "
+        "evaluated by best@k and pass@k on held-out ones",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="folder for the trained model (with --follow: for the policy versions; default "
+        "the campaign's policy folder)",
+    )
+    p.add_argument("--name", default=None, help="campaign name (default: the only one)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help=f"base model (default: the campaign's, or {TrainSettings.model})",
+    )
+    p.add_argument(
+        "--advantage",
+        default=TrainSettings.advantage,
+        help=f"{', '.join(ADVANTAGES[:-1])} or {ADVANTAGES[-1]} "
+        f"(default {TrainSettings.advantage})",
+    )
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=None,
+        help=f"steps (default: one pass over the groups; {AnswerSettings.steps} with --problem)",
+    )
+    p.add_argument("--groups-per-step", dest="groups_per_step", type=positive_int, default=None)
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter, then merge it")
+    p.add_argument(
+        "--lora-rank", dest="lora_rank", type=positive_int, default=TrainSettings.lora_rank
+    )
+    p.add_argument("--lr", dest="learning_rate", type=float, default=None)
+    p.add_argument("--kl-beta", dest="kl_beta", type=float, default=TrainSettings.kl_beta)
+    p.add_argument(
+        "--micro-batch",
+        dest="micro_batch",
+        type=positive_int,
+        default=None,
+        help=f"rollouts per forward/backward (default {TrainSettings.micro_batch}; "
+        f"{ANSWER_TRAINING.micro_batch} with --problem, whose prompts are long)",
+    )
+    p.add_argument("--seed", type=int, default=TrainSettings.seed)
+    _add_follow_flags(p.add_argument_group("with --db --follow (beside `vpo worker` processes)"))
+    _add_answer_flags(p.add_argument_group("with --problem (answer problems)"))
+    p.set_defaults(handler=cmd_train)
+
+
+def _add_follow_flags(follow: Any) -> None:
+    follow.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep training on new groups as workers record them, publishing policy versions, "
+        "until the campaign's budget is recorded and used",
+    )
+    follow.add_argument(
+        "--train-every",
+        dest="train_every",
+        type=positive_int,
+        default=None,
+        help=f"groups per step with --follow (default: the campaign's train_every, else "
+        f"{FOLLOW_EVERY})",
+    )
+    follow.add_argument(
+        "--poll", type=positive_float, default=2.0, help="seconds between looks (default 2)"
+    )
+
+
+def _add_answer_flags(rl: Any) -> None:
+    rl.add_argument(
+        "--group-size",
+        dest="group_size",
+        type=positive_int,
+        default=AnswerSettings.group_size,
+        help=f"completions per prompt (default {AnswerSettings.group_size})",
+    )
+    rl.add_argument(
+        "--candidates",
+        type=positive_int,
+        default=AnswerSettings.candidates,
+        help=f"answers per completion, m (default {AnswerSettings.candidates})",
+    )
+    rl.add_argument(
+        "--max-tokens", dest="max_tokens", type=positive_int, default=AnswerSettings.max_tokens
+    )
+    rl.add_argument(
+        "--temperature",
+        type=positive_float,
+        default=ANSWER_TRAINING.temperature,
+        help=f"sampling temperature while training (default {ANSWER_TRAINING.temperature})",
+    )
+    rl.add_argument(
+        "--eval-prompts",
+        dest="eval_prompts",
+        type=positive_int,
+        default=AnswerSettings.eval_prompts,
+        help=f"held-out instances evaluated (default {AnswerSettings.eval_prompts}; "
+        "the paper used 100)",
+    )
+    rl.add_argument(
+        "--eval-generations",
+        dest="eval_generations",
+        type=positive_int,
+        default=AnswerSettings.eval_generations,
+        help=f"completions per held-out prompt (default {AnswerSettings.eval_generations})",
+    )
+    rl.add_argument(
+        "--eval-every",
+        dest="eval_every",
+        type=positive_int,
+        default=None,
+        help="also evaluate every N steps (default: before and after only)",
+    )
+    rl.add_argument(
+        "--train-size",
+        dest="train_size",
+        type=positive_int,
+        default=AnswerSettings.train_size,
+        help=f"training instances cycled through (default {AnswerSettings.train_size})",
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from harness.store import Store
+
+    out = _checked_out(args)
+    if args.problem is not None:
+        if args.follow:
+            raise UserError(
+                "--follow trains beside workers on a campaign: give --db, not --problem"
+            )
+        return _train_answers(args, out)
+    store = Store.open(args.db, create=False)
+    campaign = find_campaign(store, args.name, required=True)
+    if args.follow:
+        return _train_follow(args, store, campaign)
+    return _train_offline(args, store, campaign, out)
+
+
+def _checked_out(args: argparse.Namespace) -> Path:
+    """The folder the model goes to, once the flags are known to make sense together."""
+    if args.advantage not in ADVANTAGES:
+        raise UserError(
+            f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
+        )
+    # The campaign settings' ranges, so `vpo train` takes no NaN or infinity either.
+    if args.learning_rate is not None:
+        check_float("learning_rate", args.learning_rate, name="--lr")
+    check_float("kl_beta", args.kl_beta, name="--kl-beta")
+    if (args.db is None) == (args.problem is None):
+        raise UserError(
+            "give either --db (learn from a campaign's groups) or --problem (RL on an answer "
+            "problem such as maze)"
+        )
+    if args.out is None and not args.follow:
+        raise UserError("--out is required: the folder the trained model is written to")
+    out = Path(args.out or ".")
+    if (
+        args.out is not None
+        and not args.follow
+        and out.exists()
+        and (not out.is_dir() or any(out.iterdir()))
+    ):
+        raise UserError(f"--out {out} exists and is not an empty folder")
+    return out
+
+
+def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
+    """`base` under the flags given; a LoRA adapter starts from its own learning rate."""
+    settings = replace(
+        base,
+        **_given(
+            model=args.model or None,
+            advantage=args.advantage,
+            learning_rate=args.learning_rate,
+            lora=args.lora or None,
+            lora_rank=args.lora_rank,
+            kl_beta=args.kl_beta,
+            micro_batch=args.micro_batch,
+            seed=args.seed,
+        ),
+    )
+    if args.learning_rate is None and settings.lora:
+        settings = replace(settings, learning_rate=LORA_LEARNING_RATE)
+    return settings
+
+
+def _given(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Path) -> int:
+    from harness.training import train_offline
+
+    stored = build(campaign.config, where="the campaign's settings")
+    base = TrainSettings(model=stored.model, temperature=trained_temperature(stored.temperature))
+    settings = OfflineSettings(
+        out=out,
+        training=_training(args, base),
+        **_given(steps=args.steps, groups_per_step=args.groups_per_step),
+    )
+    # Under torchrun or `accelerate launch` every process runs this; one of them speaks.
+    speaks = os.environ.get("RANK", "0") == "0"
+    if speaks:
+        model = settings.training.model
+        print(f"training {model} on campaign {campaign.name!r} of {store.where}")
+    history = train_offline(
+        store,
+        campaign.id,
+        stored.candidates,
+        settings,
+        on_step=lambda metrics: print(metrics.line(), flush=True),
+    )
+    if speaks:
+        print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
+    return 0
+
+
+def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
+    from harness.training import follow
+
+    overrides: dict[str, Any] = {
+        "train_every": args.train_every,
+        "advantage": args.advantage,
+        "model": args.model or None,
+        "learning_rate": args.learning_rate,
+        "kl_beta": args.kl_beta,
+        "policy_dir": None if args.out is None else str(Path(args.out).resolve()),
+    }
+    if args.lora:
+        overrides |= {"lora": True, "lora_rank": args.lora_rank}
+    follow(store, campaign, overrides, steps=args.steps, poll=args.poll, say=_say)
+    return 0
+
+
+def _train_answers(args: argparse.Namespace, out: Path) -> int:
+    from harness.answers import train_answers
+    from problems.api import AnswerProblem
+    from problems.registry import load as load_problem
+
+    problem = load_problem(args.problem)
+    if not isinstance(problem, AnswerProblem):
+        raise UserError(
+            f"{problem.name} is a program problem: run a campaign on it (vpo run {args.problem}) "
+            "and train on its database (vpo train --db ...)"
+        )
+    if args.name is not None:
+        raise UserError("--name picks a campaign of --db; it does not go with --problem")
+    base = replace(ANSWER_TRAINING, temperature=args.temperature)
+    settings = AnswerSettings(
+        out=out,
+        training=_training(args, base),
+        **_given(
+            steps=args.steps,
+            prompts_per_step=args.groups_per_step,
+            group_size=args.group_size,
+            candidates=args.candidates,
+            max_tokens=args.max_tokens,
+            eval_prompts=args.eval_prompts,
+            eval_generations=args.eval_generations,
+            eval_every=args.eval_every,
+            train_size=args.train_size,
+        ),
+    )
+    print(
+        f"training {settings.training.model} on {problem.name} by RL: {settings.steps} steps "
+        f"of {settings.prompts_per_step} prompts x {settings.group_size} completions, "
+        f"m = {settings.candidates}"
+    )
+    train_answers(problem, settings, say=_say)
+    print(f"model and report (vpo-train.json) written to {out}")
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)  # at once: a log follows a long run as it goes
+
+
+if __name__ == "__main__":
+    from harness.cli import main
+
+    sys.exit(main(["train", *sys.argv[1:]]))

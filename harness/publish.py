@@ -1,0 +1,129 @@
+"""Policy versions reach the generators: the trainer publishes each version it saves, a worker
+loads the newest one recorded. Nothing here imports torch, so a worker that never trains can
+load versions too.
+
+A version is the folder `step-NNNNNN` the trainer saved: whole weights, or a LoRA adapter. A
+generator asks for the form it loads (`Generator.load_weights`): an in-process engine whole
+weights (a LoRA version merged, in `step-NNNNNN-merged`), a server an adapter that it serves
+under the version's name (`campaign-step-NNNNNN`), a generator that wraps the trainer's own
+model nothing at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harness.errors import UserError
+
+if TYPE_CHECKING:
+    from harness.llm import Generator
+    from trainer.policy import Policy
+
+# A server keeps the newest version and the one before it, for workers still sampling from it.
+ADAPTERS_KEPT = 2
+
+
+@dataclass(frozen=True)
+class SavedVersion:
+    """A policy version in `folder`, in the forms a generator loads (`harness.llm.Weights`)."""
+
+    folder: Path
+    step: int
+    campaign_name: str
+    # The trainer's policy, which writes the merged weights when a generator asks for them;
+    # None for a version a worker found recorded (the trainer wrote them merged beside it).
+    policy: Policy | None = None
+
+    @property
+    def name(self) -> str:
+        return adapter_name(self.campaign_name, self.step)
+
+    def model_folder(self) -> str:
+        merged = merged_folder(self.folder)
+        if self.policy is not None:
+            return str(self.policy.save_merged(merged) if self.policy.config.lora else self.folder)
+        if not (self.folder / "config.json").exists() and merged.exists():
+            return str(merged)  # a LoRA version: the trainer also wrote it merged
+        return str(self.folder)
+
+    def adapter_folder(self) -> str:
+        if not (self.folder / "adapter_config.json").exists():
+            raise UserError(
+                f"policy version {self.step} at {self.folder} holds full weights, and a server "
+                "takes new versions only as LoRA adapters; train with --lora, or give the "
+                "workers the transformers or vllm backend"
+            )
+        return str(self.folder.resolve())
+
+    def supersedes(self, name: str) -> bool:
+        step = _version_step(name, self.campaign_name)
+        return step is not None and step <= self.step - ADAPTERS_KEPT
+
+
+def publish(
+    policy: Policy,
+    generator: Generator | None,
+    folder: Path,
+    *,
+    campaign_name: str = "",
+    write_merged: bool = True,
+) -> None:
+    """Make `generator` sample from the policy's current weights, saved in `folder` (on a
+    server, as an adapter named after `campaign_name`); with no generator (`vpo train
+    --follow`), workers load the folder themselves, so a LoRA version is also written merged
+    beside it when `write_merged` (not when they all sample from a server)."""
+    if generator is None:
+        if policy.config.lora and write_merged:
+            policy.save_merged(merged_folder(folder))
+        return
+    generator.load_weights(SavedVersion(folder, policy.step, campaign_name, policy))
+
+
+def serve_adapter(generator: Generator, campaign_name: str, step: int, folder: Path) -> None:
+    """Make an endpoint generator sample from the LoRA policy version `step` saved in `folder`:
+    loaded into the server under the version's name (once, whichever worker comes first), with
+    the campaign's versions older than the newest ADAPTERS_KEPT unloaded."""
+    generator.load_weights(SavedVersion(folder, step, campaign_name))
+
+
+def served_versions(generator: Any, campaign_name: str) -> dict[str, int]:
+    """The campaign's policy versions the generator's server holds: adapter name -> step."""
+    found = {name: _version_step(name, campaign_name) for name in generator.served_adapters()}
+    return {name: step for name, step in found.items() if step is not None}
+
+
+def check_trainable_endpoint(generator: Any) -> None:
+    """Training from an endpoint needs the sampled token ids (only vLLM returns them) and a
+    server that loads each new version as a LoRA adapter."""
+    if generator.server != "vllm":
+        raise UserError(
+            f"training needs the sampled token ids, which only a vLLM server returns; "
+            f"{generator.base_url} is served by {generator.server or 'an unknown server'}"
+        )
+    generator.check_adapters()
+
+
+def adapter_name(campaign_name: str, step: int) -> str:
+    return f"{safe_name(campaign_name)}-{step_name(step)}"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def merged_folder(folder: Path) -> Path:
+    """Where the whole weights of the LoRA version in `folder` are written."""
+    return folder.with_name(folder.name + "-merged")
+
+
+def safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "campaign"
+
+
+def _version_step(name: str, campaign_name: str) -> int | None:
+    """The step of the campaign's version an adapter is named after; None for another's."""
+    prefix = f"{safe_name(campaign_name)}-step-"
+    digits = name[len(prefix) :]
+    return int(digits) if name.startswith(prefix) and digits.isdigit() else None
