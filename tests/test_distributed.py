@@ -90,8 +90,8 @@ def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path
     harvested(db, tiny_model)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     one = train([sys.executable, "-m", "harness.cli", "train"], db, tiny_model, tmp_path / "one")
-    # `-m trainer` is `vpo train`, the form `accelerate launch -m trainer` uses.
-    two = train([*torchrun, "-m", "trainer"], db, tiny_model, tmp_path / "two")
+    # `-m harness.cli.train` is `vpo train`, the form `accelerate launch` and torchrun use.
+    two = train([*torchrun, "-m", "harness.cli.train"], db, tiny_model, tmp_path / "two")
     assert one["processes"] == 1 and two["processes"] == 2
     assert all(step["zero_std_fraction"] < 1 for step in one["steps"])  # real advantages
     # Each process trained on half of each batch's tokens.
@@ -125,7 +125,8 @@ def test_a_sharded_accelerate_config_is_refused_in_one_line(
     by every process, not run silently unsharded."""
     db = tmp_path / "harvest.db"
     harvested(db, tiny_model)
-    train = ["-m", "trainer", "--db", str(db), "--out", str(tmp_path / "x"), "--model", tiny_model]
+    out = str(tmp_path / "x")
+    train = ["-m", "harness.cli.train", "--db", str(db), "--out", out, "--model", tiny_model]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if sharding == "FSDP":
         command = [

@@ -1,9 +1,13 @@
-"""`python -m trainer ARGS` is `vpo train ARGS`, so that `accelerate launch -m trainer ...` and
-`torchrun -m trainer ...` start the same training step on several devices."""
+"""`python -m trainer` used to be `vpo train`; the trainer is a library that knows nothing of
+the harness, so the command lives there: `python -m harness.cli.train ARGS` (and
+`accelerate launch -m harness.cli.train ARGS`, `torchrun -m harness.cli.train ARGS`)."""
 
 import sys
 
-from harness.cli import main
-
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    print(
+        "vpo: error: `python -m trainer` is now `python -m harness.cli.train` "
+        "(accelerate launch -m harness.cli.train ..., torchrun -m harness.cli.train ...)",
+        file=sys.stderr,
+    )
+    sys.exit(2)

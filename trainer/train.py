@@ -11,8 +11,8 @@ memory: 8 x 256 tokens of them are 400 MB in fp32, and autograd would keep them 
 backward pass).
 
 This module knows nothing of the harness or the database: groups come in as token lists and
-score arrays. It runs the same under `accelerate launch` on several devices (see
-`trainer/__main__.py`).
+score arrays. It runs the same under `accelerate launch` on several devices (started through
+`python -m harness.cli.train`).
 """
 
 from __future__ import annotations
