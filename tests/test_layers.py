@@ -1,0 +1,124 @@
+"""The layers DESIGN.md draws, read from the import graph: the trainer and the problems know
+nothing of the harness, and the pure parts of the loop (selection, prompts, parsing) reach
+neither the database nor the sandbox. Imports inside functions count too, and so do imports of
+imports: a layer that reaches the store through a helper module reaches the store."""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PACKAGES = ("harness", "trainer", "problems")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def _sources() -> dict[str, Path]:
+    return {
+        _module_name(path): path
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+
+
+@cache
+def direct_imports(module: str) -> frozenset[str]:
+    """Project modules `module` imports anywhere in its text (the longest known prefix)."""
+    path = _sources()[module]
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = module.split(".")
+                anchor = anchor if is_package else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            known = _known_prefix(name)
+            if known and known != module:
+                found.add(known)
+    return frozenset(found)
+
+
+def _known_prefix(name: str) -> str | None:
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in _sources():
+            return candidate
+    return None
+
+
+def reachable(module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for name in direct_imports(todo.pop()):
+            if name not in seen:
+                seen.add(name)
+                todo.append(name)
+    return seen
+
+
+def _path_to(start: str, target_prefix: str) -> list[str]:
+    """One import chain from `start` to a module under `target_prefix`, for the message."""
+    parents: dict[str, str] = {}
+    todo = [start]
+    while todo:
+        current = todo.pop(0)
+        for name in sorted(direct_imports(current)):
+            if name in parents or name == start:
+                continue
+            parents[name] = current
+            if name == target_prefix or name.startswith(target_prefix + "."):
+                chain = [name]
+                while chain[-1] != start:
+                    chain.append(parents[chain[-1]])
+                return chain[::-1]
+            todo.append(name)
+    return []
+
+
+RULES = [
+    ("trainer", "harness"),
+    ("problems", "harness"),
+    ("harness.selection", "harness.store"),
+    ("harness.prompts", "harness.store"),
+    ("harness.parsing", "harness.store"),
+    ("harness.selection", "harness.sandbox"),
+    ("harness.prompts", "harness.sandbox"),
+    ("harness.parsing", "harness.sandbox"),
+]
+
+
+@pytest.mark.parametrize("layer,forbidden", RULES, ids=[f"{a}-x->{b}" for a, b in RULES])
+def test_layer_does_not_reach(layer: str, forbidden: str) -> None:
+    modules = [name for name in _sources() if name == layer or name.startswith(layer + ".")]
+    assert modules, f"no module {layer}"
+    for module in modules:
+        chain = _path_to(module, forbidden)
+        assert not chain, f"{module} reaches {forbidden}: {' -> '.join(chain)}"
+
+
+def test_the_graph_reader_sees_imports() -> None:
+    """The reader must see a real edge, or every rule above would pass vacuously."""
+    assert "harness.store" in reachable("harness.campaign")
+    assert "trainer.loss" in reachable("trainer.train")
+    assert "problems.api" in reachable("problems.circle_packing")
