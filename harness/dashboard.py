@@ -278,15 +278,22 @@ def create_app(store: Store, *, local_only: bool = False) -> Any:
 
     Every parameter taken from the URL is checked before use; a bad one is a 4xx whose
     `detail` is one line (the page shows it as the error)."""
-    from fastapi import FastAPI, HTTPException, Query, Request
-    from fastapi import Path as PathParameter
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response
+    from fastapi import FastAPI
 
     board = Dashboard(store)
     app = FastAPI(title="vpo-evolve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dashboard = board
-    static = resources.files("harness") / "ui"
+    _guard(app, local_only)
+    _page_routes(app)
+    _api_routes(app, board, store)
+    return app
+
+
+def _guard(app: Any, local_only: bool) -> None:
+    """Read-only, loopback-only when asked, strict headers, and one-line validation errors."""
+    from fastapi import Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
 
     @app.middleware("http")
     async def _headers(request: Request, call_next: Any) -> Any:
@@ -312,9 +319,11 @@ def create_app(store: Store, *, local_only: bool = False) -> Any:
         message = " ".join(str(first.get("msg", "invalid parameter")).split())
         return JSONResponse({"detail": f"{where}: {message}"}, status_code=422)
 
-    # Ids past the largest SQLite integer cannot name a row; the driver would raise on them.
-    campaign_id = Query(None, ge=1, le=MAX_ID)
-    program_id_path = PathParameter(ge=1, le=MAX_ID)
+
+def _page_routes(app: Any) -> None:
+    from fastapi.responses import Response
+
+    static = resources.files("harness") / "ui"
 
     def _file(name: str, media: str) -> Response:
         return Response((static / name).read_bytes(), media_type=media)
@@ -330,6 +339,15 @@ def create_app(store: Store, *, local_only: bool = False) -> Any:
     @app.get("/app.css")
     def style() -> Response:
         return _file("app.css", "text/css; charset=utf-8")
+
+
+def _api_routes(app: Any, board: Dashboard, store: Store) -> None:
+    from fastapi import HTTPException, Query
+    from fastapi import Path as PathParameter
+
+    # Ids past the largest SQLite integer cannot name a row; the driver would raise on them.
+    campaign_id = Query(None, ge=1, le=MAX_ID)
+    program_id_path = PathParameter(ge=1, le=MAX_ID)
 
     def _view(campaign: int | None) -> CampaignView:
         try:
@@ -383,8 +401,6 @@ def create_app(store: Store, *, local_only: bool = False) -> Any:
             return views.lineage(store, program_id)
         except UserError as exc:
             raise HTTPException(404, str(exc)) from None
-
-    return app
 
 
 def serve(store: Store, host: str, port: int) -> None:
