@@ -102,3 +102,20 @@ def test_toml_inf_and_nan_are_refused(tmp_path: Path) -> None:
             build(load_toml(file))
     file.write_text("[evaluation]\ntime_limit = 86400\n[training]\nkl_beta = 0\n")
     assert build(load_toml(file)).time_limit == 86400.0
+
+
+def test_every_setting_with_help_is_a_flag_unset_unless_given() -> None:
+    """The flags of `vpo run`, `vpo worker` and `vpo config show` are made from the fields:
+    each is None unless given, so only the flags typed override the file and the database."""
+    from harness.cli.parser import build_parser
+
+    settings = [f.name for f in fields(CampaignConfig) if "help" in f.metadata]
+    assert {"iterations", "group_size", "learning_rate", "lora", "policy_dir"} <= set(settings)
+    for command in (["run"], ["worker"], ["config", "show"]):
+        args = build_parser().parse_args(command)
+        assert all(getattr(args, name) is None for name in settings)
+    given = ["-G", "2", "-m", "1", "--lr", "1e-4", "--lora", "--policy-dir", "p", "--seed", "7"]
+    args = build_parser().parse_args(["run", *given])
+    assert (args.group_size, args.candidates, args.learning_rate, args.lora) == (2, 1, 1e-4, True)
+    assert (args.policy_dir, args.seed) == ("p", 7)
+    assert build({k: getattr(args, k) for k in settings}).learning_rate == 1e-4
