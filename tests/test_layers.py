@@ -1,6 +1,7 @@
 """The layers DESIGN.md draws, read from the import graph: the trainer and the problems know
-nothing of the harness, and the pure parts of the loop (selection, prompts, parsing) reach
-neither the database nor the sandbox. Imports inside functions count too, and so do imports of
+nothing of the harness, the pure parts of the loop (selection and its population, prompts,
+parsing, an iteration's classification) reach neither the database nor the sandbox, and the
+views do not depend on the loop. Imports inside functions count too, and so do imports of
 imports: a layer that reaches the store through a helper module reaches the store."""
 
 from __future__ import annotations
@@ -100,11 +101,16 @@ RULES = [
     ("trainer", "harness"),
     ("problems", "harness"),
     ("harness.selection", "harness.store"),
+    ("harness.population", "harness.store"),
     ("harness.prompts", "harness.store"),
     ("harness.parsing", "harness.store"),
+    ("harness.iteration", "harness.store"),
     ("harness.selection", "harness.sandbox"),
+    ("harness.population", "harness.sandbox"),
     ("harness.prompts", "harness.sandbox"),
     ("harness.parsing", "harness.sandbox"),
+    ("harness.iteration", "harness.sandbox"),
+    ("harness.views", "harness.campaign"),
 ]
 
 
