@@ -25,6 +25,9 @@ from typing import Any
 UID_FIRST = 1_000_000_000  # far above the ranges distributions and container tools hand out
 UID_COUNT = 1_000_000
 _LOCKS = Path("/run/vpo-sandbox")  # root's: a user cannot pre-create the lock files
+# Every uid this process has claimed: a process with one of them that outlives its sandbox is
+# ours to answer for (other processes' sandboxes use the same range at the same time).
+claimed_here: set[int] = set()
 
 
 @dataclass
@@ -83,6 +86,7 @@ def _claim_uids(count: int) -> list[tuple[int, int]]:
             os.close(fd)
             continue
         claimed.append((uid, fd))
+        claimed_here.add(uid)
     for _, fd in claimed:
         os.close(fd)
     raise RuntimeError(f"no free sandbox uid among {UID_COUNT:,}")

@@ -29,7 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from harness import zygote
+from harness import confinement, zygote
 from harness.confinement import UID_COUNT, UID_FIRST
 from harness.errors import UserError
 from harness.sandbox import Call, Limits, Outcome, Sandbox
@@ -47,7 +47,7 @@ def sandbox() -> Iterator[Sandbox]:
 @pytest.fixture(autouse=True)
 def no_candidate_left_behind() -> Iterator[None]:
     yield
-    if ROOT:  # candidates have uids of their own, so any process with one is a leftover
+    if ROOT:  # candidates have uids of their own, so any process with one of ours is a leftover
         assert _candidate_processes() == []
 
 
@@ -69,7 +69,7 @@ def _candidate_processes() -> list[str]:
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
         except (OSError, ValueError):
             continue
-        if UID_FIRST <= int(fields["Uid"].split()[0]) < UID_FIRST + UID_COUNT:
+        if int(fields["Uid"].split()[0]) in confinement.claimed_here:
             found.append(f"{status.parent.name} {fields['Name'].strip()}")
     return found
 
