@@ -496,5 +496,6 @@ def test_vpo_eval_survives_a_hostile_program(tmp_path: Path, name: str) -> None:
         assert result.returncode == 1, result.stderr.decode(errors="replace")[-2000:]
         assert b"Traceback" not in result.stderr
         text = result.stdout.decode("utf-8")  # strict: what it prints is valid UTF-8
-        if extra:
-            assert json.loads(text)["status"] == "error"
+        if extra:  # the memfd hog may run out of time before memory on a loaded machine
+            statuses = ("error", "timeout") if name == "memfd" else ("error",)
+            assert json.loads(text)["status"] in statuses
