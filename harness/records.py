@@ -99,7 +99,7 @@ class NewProgram:
 @dataclass(frozen=True)
 class Lineage:
     """Where a stored program sits: how it came (`seed`, `llm`, `migration`), from which
-    parent, on which island and generation, and the rollout and candidate slot that wrote it."""
+    parent, on which island and generation, and the rollout and candidate that wrote it."""
 
     origin: str = "seed"
     parent_id: int | None = None
@@ -111,7 +111,7 @@ class Lineage:
 
 @dataclass(frozen=True)
 class CandidateRecord:
-    """What became of candidate slot `index` (1..m) of one rollout.
+    """What became of candidate `index` (1..candidates) of one rollout.
 
     `new`: evaluated now, stored as `program`; `duplicate`: its normalised code was evaluated
     before (in this iteration or earlier), found by `code_hash`; `unparsed`: nothing to run,
@@ -133,7 +133,7 @@ class RolloutRecord:
     token_ids: Sequence[int]
     logprobs: Sequence[float] | None
     finish_reason: str
-    parse_status: str  # "ok": every slot parsed, "partial", "none"
+    parse_status: str  # "ok": every candidate parsed, "partial", "none"
     parse_error: str | None
     candidates: Sequence[CandidateRecord]
 
@@ -173,8 +173,8 @@ class TrainingRollout:
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None
-    # Per candidate slot 1..m: the evaluated program's scores by objective, None when the slot
-    # has no program (not parsed).
+    # Per candidate 1..candidates: the evaluated program's scores by objective, None when the
+    # candidate has no program (not parsed).
     candidates: tuple[dict[str, float] | None, ...]
 
 

@@ -15,7 +15,7 @@ from harness.campaign import Progress, evaluate_and_store, loop_settings, prepar
 from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.llm import Generator, make_generator
-from harness.publish import serve_adapter
+from harness.publish import SavedVersion
 from harness.records import PolicyRecord
 from harness.sandbox import Sandbox
 from harness.store import Store
@@ -118,25 +118,15 @@ def _worker_generator(
     latest: PolicyRecord | None,
     current: Generator | None,
 ) -> Generator:
-    """A generator sampling from the newest policy version (the base model before any)."""
+    """A generator sampling from the newest policy version (the base model before any).
+
+    A shared server takes the version as an adapter (loaded by whichever worker comes first);
+    an in-process engine reloads its weights; a transformers model is loaded from the folder."""
     if latest is None:
         return current if current is not None else base_generator(config)
-    folder = Path(latest.path)
-    if config.backend == "openai":
-        # A shared server: the version becomes an adapter there, loaded by whichever worker
-        # comes first and sampled from by name.
-        generator = current if current is not None else base_generator(config)
-        serve_adapter(generator, campaign_name, latest.step, folder)
-        return generator
-    merged = folder.with_name(folder.name + "-merged")
-    if not (folder / "config.json").exists() and merged.exists():
-        folder = merged  # a LoRA version: the trainer also wrote it merged for the workers
-    if current is None and config.backend != "transformers":
-        current = base_generator(config)  # vllm: start the engine once, then reload weights
-    reload = getattr(current, "reload_weights", None)
-    if reload is not None:
-        reload(str(folder))
-        return current  # type: ignore[return-value]
-    if current is not None:
-        current.close()
-    return make_generator("transformers", str(folder))
+    version = SavedVersion(Path(latest.path), latest.step, campaign_name)
+    if current is None and config.backend == "transformers":
+        return make_generator("transformers", version.model_folder())
+    generator = current if current is not None else base_generator(config)
+    generator.load_weights(version)
+    return generator
