@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from harness.results import one_line
 from harness.sandbox import Call as SandboxCall
 from harness.sandbox import Limits, Outcome, Sandbox
 from problems.api import Call, Evaluation, Infeasible, Problem, Status, combine
@@ -76,7 +77,7 @@ def _score_call(
     try:
         values = dict(problem.score(call, outcome.value))
     except Infeasible as exc:
-        return "invalid", {}, _one_line(str(exc))
+        return "invalid", {}, one_line(str(exc))
     except Exception as exc:  # data shaped so oddly that the scorer could not even read it
         return "invalid", {}, f"the scorer could not read the returned data: {_exc_line(exc)}"
     for name in call.objectives:
@@ -87,9 +88,4 @@ def _score_call(
 
 
 def _exc_line(exc: BaseException) -> str:
-    return _one_line(f"{type(exc).__name__}: {exc}")
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return one_line(f"{type(exc).__name__}: {exc}")

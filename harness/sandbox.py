@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import select
 import signal
 import subprocess
@@ -45,12 +44,12 @@ from typing import Any, Literal
 
 from harness import confinement, zygote
 from harness.errors import UserError
+from harness.results import decode_message, storable
 
 _ZYGOTE = Path(zygote.__file__).resolve()
 _GRACE_SECONDS = 5.0  # the zygote enforces the deadline; this only catches a stuck zygote
 _START_SECONDS = 120.0  # a zygote imports numpy; allow for a loaded machine
 _HEADER_MAX = 16 << 20  # a reply header holds two output tails and a few short lists
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -422,9 +421,9 @@ def _outcome(header: dict[str, Any], payload: bytes, limits: Limits) -> Outcome:
         return Outcome(
             status,
             value,
-            None if reason is None else _storable(reason),
-            _storable(header["stdout"]),
-            _storable(header["stderr"]),
+            None if reason is None else storable(reason),
+            storable(header["stdout"]),
+            storable(header["stderr"]),
             header["seconds"],
             tuple(header["isolation"]),
             tuple(header["warnings"]),
@@ -450,7 +449,7 @@ def _outcome(header: dict[str, Any], payload: bytes, limits: Limits) -> Outcome:
         return make("error", None, _signal_reason(header["signal"], header["cpu_seconds"], limits))
     if header["code"] != 0 or not payload:
         return make("error", None, f"exited with status {header['code']} without returning")
-    status, value, reason = _decode_message(payload)
+    status, value, reason = decode_message(payload)
     return make(status, value, reason)
 
 
@@ -470,46 +469,3 @@ def _signal_reason(number: int, cpu_seconds: float, limits: Limits) -> str:
         name = f"signal {number}"
     description = (signal.strsignal(number) or "unknown signal").lower()
     return f"killed by signal {name} ({description})"
-
-
-def _decode_message(payload: bytes) -> tuple[Literal["ok", "error"], Any, str | None]:
-    """Decode what the candidate process sent: {"value": data} or {"error": reason}.
-
-    The candidate runs in the process that writes these bytes, so it can write any bytes at all:
-    whatever they hold, the answer is an error with a reason, and parsing them costs at most
-    `zygote.MAX_VALUES` Python objects beside the bytes themselves.
-    """
-    if zygote.structure_count(payload) > zygote.MAX_VALUES:
-        return "error", None, f"sent a result of more than {zygote.MAX_VALUES:,} values"
-    try:
-        message = json.loads(payload)
-    except (ValueError, RecursionError, MemoryError) as exc:
-        return "error", None, f"sent a malformed result: {zygote.one_line(exc)}"
-    if type(message) is not dict or len(message) != 1:
-        return "error", None, "sent a malformed result: not one value or one error"
-    if "error" in message:
-        text = message["error"]
-        if type(text) is not str:
-            return "error", None, "sent a malformed result: the error is not text"
-        return "error", None, _one_line(text) or "failed without a reason"
-    if "value" not in message:
-        return "error", None, "sent a malformed result: not one value or one error"
-    try:
-        return "ok", zygote.decode(message["value"]), None
-    except (zygote.CodecError, RecursionError, MemoryError) as exc:
-        return "error", None, f"returned data the sandbox cannot accept: {_one_line(str(exc))}"
-    except Exception as exc:  # a decoder gap must cost this candidate, never the campaign
-        reason = f"returned data the sandbox cannot accept: {zygote.one_line(exc)}"
-        return "error", None, _one_line(reason)
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    """`text` on one line of at most `limit` characters, as storable text: a lone surrogate
-    (which a candidate can put in an exception message) becomes U+FFFD."""
-    line = " ".join(text[: 4 * limit].split())  # cut first: a 60 MB message is not split whole
-    line = _LONE_SURROGATE.sub("\ufffd", line)
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _storable(text: str) -> str:
-    return _LONE_SURROGATE.sub("\ufffd", text)
