@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -14,10 +14,18 @@ Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content":
 
 
 class GenerationError(Exception):
-    """A generation request failed where a retry may succeed (an endpoint error, a timeout).
+    """A generation request failed after the backend's own retries (an endpoint down, a
+    timeout, a refusal). The message is one line.
 
-    Not a UserError: the campaign records it and retries; the message is one line.
+    Not a UserError: the campaign records the iteration as skipped, with this message as its
+    reason, and goes on; it stops only after `max_failures` iterations in a row failed.
+    `permanent` says that sending the same request again cannot succeed (a prompt longer than
+    the model takes, a request the server refuses with a 4xx).
     """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,19 @@ class Weights(Protocol):
 class Generator(Protocol):
     backend: str
     model: str  # what the user asked for, e.g. "smollm2" or a folder
+    # True: one `generate` call with many prompts batches them in this process (transformers,
+    # vllm); False: each prompt is its own request to a server, sent concurrently by the caller.
+    in_process: bool
+
+    def context_tokens(self) -> int | None:
+        """How many tokens the model takes, prompt and completion together (its config's
+        context length, or a server's `max_model_len`); None when it cannot be known."""
+        ...
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        """Tokens of the chat-templated prompt `messages`, as `generate` would send them (an
+        estimate, rounded up, where the backend has no tokenizer to ask)."""
+        ...
 
     def generate(
         self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
@@ -107,6 +128,15 @@ def stop_token_ids(tokenizer: PreTrainedTokenizerBase, eos: int | list[int] | No
     for marker in ("<|im_start|>", "<start_of_turn>"):
         stops.discard(vocab.get(marker, -1))
     return stops
+
+
+def context_length(config: Any) -> int | None:
+    """The context length a Hugging Face model config declares (None when it names none)."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:

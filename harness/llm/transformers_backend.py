@@ -22,6 +22,7 @@ from harness.llm.base import (
     Weights,
     chat_prompt_ids,
     check_request,
+    context_length,
     stop_token_ids,
 )
 
@@ -37,6 +38,7 @@ _PRUNE_FRACTION = 0.25
 
 class TransformersGenerator:
     backend = "transformers"
+    in_process = True
 
     def __init__(
         self,
@@ -87,6 +89,12 @@ class TransformersGenerator:
         trainer's) holds it already; otherwise its whole weights replace the loaded model."""
         if not self.wraps_model:
             self._load(weights.model_folder())
+
+    def context_tokens(self) -> int | None:
+        return context_length(self.hf_model.config)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(chat_prompt_ids(self.tokenizer, messages))
 
     def generate(
         self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
