@@ -2,27 +2,28 @@
 
 One iteration picks a parent (and drafts) on one island, builds one prompt, samples G rollouts
 of `candidates` candidates each, classifies them (`harness.iteration`), evaluates the new ones
-in the sandbox and stores the group, its rollouts and programs in one transaction. Generation
-of the next iteration overlaps the evaluation of the previous one (a single background thread
-evaluates and stores, in order), so the generator is not idle while candidates run.
+in the sandbox and stores the group, its rollouts and programs in one transaction. Iterations
+run `concurrency` at a time (`harness.generation`: one batched generate call in process,
+concurrent requests to a server), and a batch generates while the one before it is evaluated
+and stored by a background thread, so the generator is not idle while candidates run.
 
-The database is the checkpoint: the number of iterations done is the number of groups, the
-random stream of iteration k depends only on (seed, k), and a killed run loses at most the
-iterations in flight.
+The database is the checkpoint: the iterations done are the recorded groups (a skipped
+iteration is a group too, with its reason), the random stream of iteration k depends only on
+(seed, k), and a killed run loses at most the iterations in flight; the resumed run does the
+numbers below the budget that have no group.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from harness.config import CampaignConfig
-from harness.errors import UserError
+from harness.errors import IterationRecorded, UserError
 from harness.evaluate import evaluate, evaluate_many
+from harness.generation import FailureStreak, loop_settings, sample_batch
 from harness.iteration import (
     ParsedGroup,
     SampledIteration,
@@ -30,13 +31,10 @@ from harness.iteration import (
     new_program,
     rollout_records,
 )
-from harness.llm import Completion, GenerationError, Generator, Sampling
-from harness.llm.base import storable
+from harness.llm import Generator
 from harness.population import Population
-from harness.prompts import build_prompt
 from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.sandbox import Limits, Sandbox
-from harness.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.store import Store
 from harness.training import (
     CampaignTrainer,
@@ -59,6 +57,7 @@ class Progress:
     iterations: int = 0
     evaluations: int = 0
     tokens: int = 0
+    skipped: int = 0  # iterations that produced nothing (see harness.generation)
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step, as a line
@@ -70,6 +69,8 @@ class Progress:
             f"iteration {iteration}/{total} | best {best} | "
             f"{self.evaluations / wall:.2f} evals/s | {self.tokens / wall:.0f} tok/s"
         )
+        if self.skipped:
+            line = f"{line} | {self.skipped} skipped"
         return line if self.train is None else f"{line} | {self.train}"
 
     @property
@@ -160,7 +161,7 @@ def run_campaign(
                     generator = trainer_generator(config, campaign.trainer)
                 elif generator is None:
                     generator = base_generator(config)
-                evolve(campaign, generator, done, on_progress)
+                evolve(campaign, generator, on_progress)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
         _settle_status(store, campaign_id, "stopped", before, done_before)
@@ -213,27 +214,35 @@ def prepare(
 def evolve(
     campaign: CampaignRun,
     generator: Generator,
-    first_iteration: int,
     on_progress: Callable[[int, Progress], None] | None,
     *,
     overlap: bool = True,
 ) -> None:
-    """Iterations `first_iteration`.. up to the budget. With `overlap` off, each iteration is
-    evaluated and stored before the next one generates (a sequential harness, for comparison
-    in benchmarks/generator_busy.py)."""
+    """The iterations below the budget not recorded yet, `concurrency` at a time: a batch
+    generates while the one before it is evaluated and stored (each iteration in its own
+    transaction), and training steps run between batches. With `overlap` off a batch is
+    stored before the next generates (a sequential harness, for benchmarks/generator_busy.py).
+    """
     config = campaign.config
-    selection_config, sampling = loop_settings(config)
+    settings = loop_settings(config, generator)
+    todo = campaign.store.missing_iterations(campaign.campaign_id, config.iterations)
+    streak = FailureStreak(config.max_failures)
+    width = settings.concurrency
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
         pending: Future[None] | None = None
-        for iteration in range(first_iteration, config.iterations):
+        for start in range(0, len(todo), width):
             version = campaign.trainer.version_id if campaign.trainer else None
-            sampled = sample_iteration(
-                campaign, generator, iteration, selection_config, sampling, version
+            batch = sample_batch(
+                campaign, generator, todo[start : start + width], settings, version
             )
             if pending is not None:
-                pending.result()  # the previous iteration is stored before this one
+                pending.result()  # the batch before is stored before this one
                 train(campaign, generator)
-            pending = evaluator.submit(_store_and_report, campaign, sampled, on_progress)
+            streak.update(batch)
+            pending = evaluator.submit(_store_and_report, campaign, batch, on_progress)
+            if streak.reached:
+                pending.result()  # the skipped iterations are recorded, with their reasons
+                raise streak.error()
             if not overlap:
                 pending.result()
         if pending is not None:
@@ -242,53 +251,16 @@ def evolve(
                 on_progress(config.iterations, campaign.progress)  # show the last step too
 
 
-def loop_settings(config: CampaignConfig) -> tuple[SelectionConfig, Sampling]:
-    """How iterations select parents and sample completions, from the campaign's settings."""
-    selection = SelectionConfig(
-        islands=config.islands,
-        migration_interval=config.migration_interval,
-        drafts=min(config.drafts, 4),
-    )
-    sampling = Sampling(
-        temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
-    )
-    return selection, sampling
-
-
-def sample_iteration(
-    campaign: CampaignRun,
-    generator: Generator,
-    iteration: int,
-    selection_config: SelectionConfig,
-    sampling: Sampling,
-    policy_version_id: int | None = None,
-) -> SampledIteration:
-    """Iteration k up to its evaluation: parent and drafts chosen with the random stream of
-    (seed, k), the prompt, the G completions (from policy version `policy_version_id`), and
-    the programs migrating after it."""
-    config = campaign.config
-    rng = np.random.default_rng([config.seed, iteration])
-    refresh_population(campaign)
-    selection = choose(campaign, iteration, rng, selection_config)
-    parent, *drafts = campaign.store.programs_by_ids([selection.parent_id, *selection.draft_ids])
-    prompt = build_prompt(campaign.problem, parent, drafts, config.candidates)
-    completions = generate(campaign, generator, prompt, sampling, iteration)
-    moving = migrations(campaign, iteration, rng, selection_config)
-    return SampledIteration(
-        iteration, selection, parent, prompt, completions, moving, policy_version_id
-    )
-
-
 def _store_and_report(
     campaign: CampaignRun,
-    sampled: SampledIteration,
+    batch: Sequence[SampledIteration],
     on_progress: Callable[[int, Progress], None] | None,
 ) -> None:
-    """The evaluation thread's job: evaluate and store an iteration, then report it at once
-    (not when the next generation ends, which on a CPU is minutes later)."""
-    evaluate_and_store(campaign, sampled)
-    if on_progress:
-        on_progress(sampled.iteration + 1, campaign.progress)
+    """The evaluation thread's job: evaluate a batch and store its iterations, reporting each
+    at once (not when the next generation ends, which on a CPU is minutes later)."""
+    for sampled in evaluate_and_store(campaign, batch):
+        if on_progress:
+            on_progress(sampled.iteration + 1, campaign.progress)
 
 
 def train(campaign: CampaignRun, generator: Generator) -> bool:
@@ -304,67 +276,53 @@ def train(campaign: CampaignRun, generator: Generator) -> bool:
     return ran
 
 
-def choose(
-    campaign: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
-) -> Selection:
-    if campaign.config.strategy == "best-of-n":
-        # The baseline: the same prompt every time, so evolution's gain can be measured.
-        return Selection(island=0, parent_id=campaign.seed_id, draft_ids=())
-    return select(campaign.population, iteration, rng, config)
-
-
-def migrations(
-    campaign: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
-) -> list[tuple[int, int]]:
-    """(program id, destination island) of the programs migrating after this iteration."""
-    if campaign.config.strategy != "evolve" or not should_migrate(
-        iteration, config.migration_interval
-    ):
-        return []
-    return migrants(campaign.population, config.islands, config.migrants_per_island, rng)
-
-
-def generate(
+def evaluate_and_store(
     campaign: CampaignRun,
-    generator: Generator,
-    prompt: list[dict[str, str]],
-    sampling: Sampling,
-    iteration: int,
-) -> list[Completion]:
-    for attempt in range(1, GENERATION_RETRIES + 1):
-        started = time.perf_counter()
-        try:
-            completions = generator.generate([prompt], campaign.config.group_size, sampling)[0]
-        except GenerationError as exc:
-            campaign.store.record_event(
-                campaign.campaign_id,
-                "generation_failed",
-                {"iteration": iteration, "attempt": attempt, "reason": str(exc)},
-            )
-            if attempt == GENERATION_RETRIES:
-                raise UserError(f"generation failed {attempt} times; last: {exc}") from None
-            time.sleep(2**attempt)
-            continue
-        completions = [storable(c) for c in completions]
-        campaign.progress.generate_seconds += time.perf_counter() - started
-        campaign.progress.tokens += sum(len(c.token_ids) for c in completions)
-        return completions
-    raise AssertionError("unreachable")
+    batch: Sequence[SampledIteration],
+    *,
+    lost: Callable[[SampledIteration], None] | None = None,
+) -> Iterator[SampledIteration]:
+    """Classify the candidates of a batch, evaluate the new ones in the sandbox pool all
+    together, then store each iteration in its own transaction, in order, yielding each once
+    stored. A candidate two iterations of the batch share is evaluated once.
 
-
-def evaluate_and_store(campaign: CampaignRun, sampled: SampledIteration) -> None:
-    """Classify the candidates, evaluate the new ones in the sandbox, store the iteration."""
-    group = classify_group(
-        [completion.text for completion in sampled.completions],
-        campaign.config.candidates,
-        sampled.parent.code,
-        campaign.seen,
-    )
-    new_code = group.new_code
+    `lost`: called for an iteration another process recorded first (a worker whose claim ran
+    out), which is then passed over; without it that is an error."""
+    fresh: set[str] = set()
+    groups = []
+    for sampled in batch:
+        group = classify_group(
+            [completion.text for completion in sampled.completions],
+            campaign.config.candidates,
+            sampled.parent.code,
+            _Either(campaign.seen, fresh),
+        )
+        fresh.update(group.new_code)
+        groups.append(group)
+    code = {digest: text for group in groups for digest, text in group.new_code.items()}
     evaluations = evaluate_many(
-        campaign.problem, list(new_code.values()), campaign.sandbox, campaign.limits
+        campaign.problem, list(code.values()), campaign.sandbox, campaign.limits
     )
-    store_iteration(campaign, sampled, group, dict(zip(new_code, evaluations, strict=True)))
+    by_hash = dict(zip(code, evaluations, strict=True))
+    for sampled, group in zip(batch, groups, strict=True):
+        try:
+            store_iteration(campaign, sampled, group, {h: by_hash[h] for h in group.new_code})
+        except IterationRecorded:
+            if lost is None:
+                raise
+            lost(sampled)
+            continue
+        yield sampled
+
+
+class _Either:
+    """Membership in either of two sets, without copying them."""
+
+    def __init__(self, first: Container[str], second: Container[str]) -> None:
+        self.first, self.second = first, second
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.first or item in self.second
 
 
 def store_iteration(
@@ -387,12 +345,15 @@ def store_iteration(
             prompt_token_ids=sampled.prompt_token_ids,
             rollouts=rollout_records(group, sampled.completions, evaluations),
             policy_version_id=sampled.policy_version_id,
+            skipped=sampled.skipped,
+            population=sampled.population,
         ),
         migrations=sampled.migrations,
     )
     campaign.seen.update(group.new_code)
     progress = campaign.progress
     progress.iterations += 1
+    progress.skipped += sampled.skipped is not None
     progress.evaluations += len(evaluations)
     for evaluation in evaluations.values():
         if evaluation.status == "ok":

@@ -23,7 +23,8 @@ from typing import Any
 
 from harness.errors import UserError
 
-BACKENDS = ("transformers", "vllm", "openai")
+# "auto": vllm where it is installed, else transformers (harness.training.resolve_backend).
+BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo")
@@ -141,12 +142,29 @@ class CampaignConfig:
     # best-of-n always prompts with the seed
     strategy: str = setting("evolve", "evolve or best-of-n ({default})")
     # model
-    backend: str = setting("transformers", "transformers, vllm or openai ({default})")
+    backend: str = setting(
+        "auto", "auto, transformers, vllm or openai ({default}: vllm where installed)"
+    )
     model: str = setting(TrainSettings.model, "model name, HF id or folder ({default})")
     # openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1
     base_url: str | None = setting(None, "openai endpoint URL")
     # the variable holding the key; the key is never stored
     api_key_env: str = setting("OPENAI_API_KEY", "variable holding the API key ({default})")
+    # generation: iterations between selection and storage at once, batched into one
+    # generate call in process or sent as concurrent requests to a server
+    concurrency: int = setting(
+        0, "iterations in flight ({default}: chosen for the backend, see docs/generation.md)"
+    )
+    # the prompt's token budget is the context length minus max_tokens
+    context_tokens: int = setting(
+        0, "the model's context length in tokens ({default}: what the model or server says)"
+    )
+    draft_chars: int = setting(4000, "characters of each draft shown ({default})")
+    feedback_chars: int = setting(2000, "characters of evaluation feedback shown ({default})")
+    retries: int = setting(4, "retries of a failed request to a server ({default})")
+    max_failures: int = setting(
+        10, "stop after this many iterations in a row fail to generate ({default})"
+    )
     # sampling: G rollouts per prompt, m candidates per rollout
     group_size: int = setting(4, "rollouts per prompt ({default})", short="-G")
     candidates: int = setting(3, "candidates per rollout ({default})", short="-m")
@@ -196,6 +214,18 @@ class CampaignConfig:
         _require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
         _require(0 <= self.drafts <= 8, "drafts", "a whole number from 0 to 8")
         _require(self.workers >= 0, "workers", "a whole number >= 0")
+        _require(0 <= self.concurrency <= 1024, "concurrency", "a whole number from 0 to 1024")
+        _require(self.context_tokens >= 0, "context_tokens", "a whole number >= 0 (0: the model's)")
+        if self.context_tokens:
+            _require(
+                self.context_tokens > self.max_tokens,
+                "context_tokens",
+                f"more than max_tokens ({self.max_tokens}), or 0 for the model's own",
+            )
+        _require(self.draft_chars >= 200, "draft_chars", "a whole number >= 200")
+        _require(self.feedback_chars >= 0, "feedback_chars", "a whole number >= 0")
+        _require(0 <= self.retries <= 100, "retries", "a whole number from 0 to 100")
+        _require(self.max_failures >= 1, "max_failures", "a whole number >= 1")
         if self.backend == "openai":
             _require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
         _require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")

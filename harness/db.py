@@ -236,6 +236,13 @@ class RolloutGroup(Base):
     policy_version_id: Mapped[int | None] = mapped_column(
         ForeignKey("policy_version.id", ondelete="CASCADE"), index=True
     )
+    # Why the iteration produced no rollouts (its prompt did not fit, its request failed);
+    # NULL for an iteration that generated. A skipped iteration still uses its number.
+    skipped: Mapped[str | None] = mapped_column(Text)
+    # The population when the parent was chosen: {"programs", "valid", "upto" (the highest
+    # program id it held), "islands" (programs per island)}. With many iterations in flight,
+    # timing decides which programs a selection saw; this records it.
+    population: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
 
 
 class GroupDraft(Base):
@@ -312,9 +319,10 @@ class IterationClaim(Base):
     claimed_at: Mapped[datetime] = mapped_column(default=utc_now)
 
 
-# Tables added within a schema version: a database without them is not damaged, it predates
-# them; a writable open creates them.
+# Tables and nullable columns added within a schema version: a database without them is not
+# damaged, it predates them; a writable open adds them (readers never select them).
 ADDED_TABLES = ("iteration_claim",)
+ADDED_COLUMNS = (("rollout_group", "skipped"), ("rollout_group", "population"))
 
 
 class Event(Base):

@@ -14,3 +14,8 @@ class SchemaError(UserError):
 
 class ProblemError(UserError):
     """A problem could not be found or loaded."""
+
+
+class IterationRecorded(UserError):
+    """An iteration is already recorded: another process ran it (a worker whose claim ran out
+    loses it quietly; a second `vpo run` on one campaign is an error)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from harness.llm.base import Completion, Message
 from harness.parsing import parse_completion
@@ -31,8 +31,10 @@ Outcome = Literal["new", "duplicate", "unparsed"]
 
 @dataclass(frozen=True)
 class SampledIteration:
-    """Iteration k up to its evaluation: where it started (island, parent, drafts), the prompt,
-    the G completions, and the programs migrating after it."""
+    """Iteration k up to its evaluation: where it started (island, parent, drafts, and what the
+    population held then), the prompt, the G completions, and the programs migrating after it.
+    A skipped iteration has no completions and says why (its prompt did not fit, its request
+    failed)."""
 
     iteration: int
     selection: Selection
@@ -41,6 +43,8 @@ class SampledIteration:
     completions: Sequence[Completion]
     migrations: Sequence[tuple[int, int]]  # (program id, destination island)
     policy_version_id: int | None = None  # the policy that sampled the completions
+    skipped: str | None = None
+    population: Mapping[str, Any] | None = None  # see harness.generation.snapshot
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...] | None:

@@ -1,8 +1,12 @@
 """The prompt: problem statement, parent and drafts with their score vectors, feedback, the ask.
 
-One completion answers with several candidates in numbered tags (see `harness.parsing`). Small
-models have small contexts, so every part is bounded: each program, the feedback, and the whole
-prompt (`max_chars`), which drops drafts first, then shortens the feedback, then the parent.
+One completion answers with several candidates in numbered tags (see `harness.parsing`). The
+prompt fits a budget counted in tokens (`PromptBudget`: the model's context length minus the
+completion's `max_tokens`): drafts are dropped first, then the feedback is shortened, and the
+parent is never cut, since edits must be able to target any of its lines and a rewrite must
+see all of it. A parent that cannot fit is `PromptTooLong`, and the campaign records that
+iteration as skipped with the reason. Drafts, shown only for ideas, are clipped in the middle
+to `draft_chars` each (saying so in the prompt).
 
 Program code and stderr are untrusted text. They are shown verbatim (a SEARCH block must match
 the parent exactly) inside a fence longer than any backtick run in them, so they cannot close
@@ -13,18 +17,17 @@ answer stays inside its code fence, and the parser takes tags inside a closed fe
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from harness.parsing import Edit, fence_for, format_edits, format_full
 from harness.records import ProgramRecord
 from problems.api import Problem
 
-MAX_CHARS = 12_000  # ~3-4k tokens: half of SmolLM2's 8k context, the rest for the answer
-MAX_PROGRAM_CHARS = 4_000  # the parent
-MAX_DRAFT_CHARS = 2_500
-MAX_FEEDBACK_CHARS = 1_200
-MIN_PARENT_CHARS = 1_000  # the parent is never cut below this to meet max_chars
+DRAFT_CHARS = 4_000  # each draft, clipped in the middle beyond this
+FEEDBACK_CHARS = 2_000  # the parent's status, error and stderr tails
+MIN_FEEDBACK_CHARS = 200  # shortened down to this, then dropped, before the parent would be cut
 
 SYSTEM = (
     "You are an expert programmer and mathematician. You improve Python programs that are "
@@ -33,51 +36,73 @@ SYSTEM = (
 
 _EXAMPLE_EDIT = Edit("    lines copied exactly from the current program", "    their replacement")
 
+Messages = list[dict[str, str]]
+
+
+class PromptTooLong(Exception):
+    """The prompt does not fit its token budget even with no drafts and no feedback; the
+    message (one line) says by how much."""
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """How much prompt the model takes: `tokens` as counted by `count` (the generator's
+    tokenizer on the chat-templated messages)."""
+
+    tokens: int
+    count: Callable[[Messages], int]
+    draft_chars: int = DRAFT_CHARS
+    feedback_chars: int = FEEDBACK_CHARS
+    why: str = ""  # where `tokens` came from, for the PromptTooLong message
+
 
 def build_prompt(
     problem: Problem,
     parent: ProgramRecord,
     drafts: Sequence[ProgramRecord],
     candidates: int = 3,
-    *,
-    max_chars: int = MAX_CHARS,
-    max_program_chars: int = MAX_PROGRAM_CHARS,
-    max_draft_chars: int = MAX_DRAFT_CHARS,
-    max_feedback_chars: int = MAX_FEEDBACK_CHARS,
-) -> list[dict[str, str]]:
+    budget: PromptBudget | None = None,
+) -> Messages:
     """Chat messages (system, user) asking for `candidates` different programs improving `parent`.
 
-    Drafts are shown in the order given, and dropped from the end when the prompt would pass
-    `max_chars`; the problem statement and the instructions are never cut.
+    Drafts are shown in the order given. Without a budget every part is shown at its own
+    limit; with one, drafts are dropped from the end while the prompt is over `budget.tokens`,
+    then the feedback is shortened and dropped; the problem statement, the instructions and
+    the parent are never cut (PromptTooLong when they alone are over).
     """
     if candidates < 1:
         raise ValueError(f"candidates must be at least 1, got {candidates}")
     objectives = [o.name for o in problem.objectives]
+    draft_chars = budget.draft_chars if budget else DRAFT_CHARS
+    feedback_chars = budget.feedback_chars if budget else FEEDBACK_CHARS
     kept = list(drafts)
-    feedback_chars, parent_chars = max_feedback_chars, max_program_chars
-    while True:
+
+    def messages() -> Messages:
         user = _user_message(
-            problem,
-            objectives,
-            parent,
-            kept,
-            candidates,
-            parent_chars,
-            max_draft_chars,
-            feedback_chars,
+            problem, objectives, parent, kept, candidates, draft_chars, feedback_chars
         )
-        over = len(SYSTEM) + len(user) - max_chars
-        if over <= 0:
-            break
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+    prompt = messages()
+    if budget is None:
+        return prompt
+    # Drop drafts one at a time from the end; a binary search would save counts, but there are
+    # at most 8 drafts and a count is a tokenizer pass over a few thousand characters.
+    while (used := budget.count(prompt)) > budget.tokens:
         if kept:
             kept.pop()
-        elif feedback_chars > 200:
-            feedback_chars = max(200, feedback_chars - over)
-        elif parent_chars > MIN_PARENT_CHARS:
-            parent_chars = max(MIN_PARENT_CHARS, parent_chars - over)
+        elif feedback_chars > MIN_FEEDBACK_CHARS:
+            feedback_chars = max(MIN_FEEDBACK_CHARS, feedback_chars // 2)
+        elif feedback_chars > 0:
+            feedback_chars = 0
         else:
-            break  # the statement alone is over budget; send the smallest prompt there is
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+            where = f" ({budget.why})" if budget.why else ""
+            raise PromptTooLong(
+                f"the prompt needs {used} tokens with the parent alone (no drafts, no "
+                f"feedback); the budget is {budget.tokens}{where}"
+            )
+        prompt = messages()
+    return prompt
 
 
 def _user_message(
@@ -86,17 +111,15 @@ def _user_message(
     parent: ProgramRecord,
     drafts: Sequence[ProgramRecord],
     candidates: int,
-    parent_chars: int,
     draft_chars: int,
     feedback_chars: int,
 ) -> str:
     parts = [
         "# Problem\n\n" + problem.description.strip(),
         _objectives_section(problem),
-        "# Current program\n\n"
-        + _scored_program(parent, objectives, parent_chars, "the current program"),
+        "# Current program\n\n" + _scored_program(parent, objectives, None, "the current program"),
     ]
-    feedback = _feedback(parent, feedback_chars)
+    feedback = _feedback(parent, feedback_chars) if feedback_chars > 0 else ""
     if feedback:
         parts.append("# Feedback from evaluating the current program\n\n" + feedback)
     if drafts:
@@ -123,10 +146,15 @@ def _objectives_section(problem: Problem) -> str:
     return "\n".join(lines)
 
 
-def _scored_program(program: ProgramRecord, objectives: list[str], limit: int, what: str) -> str:
+def _scored_program(
+    program: ProgramRecord, objectives: list[str], limit: int | None, what: str
+) -> str:
+    """The program's scores and its code, clipped in the middle to `limit` characters (None:
+    whole)."""
     scores = ", ".join(_score(program, name) for name in objectives)
     status = "" if program.status == "ok" else f" [{program.status}]"
-    code, omitted = _clip(program.code, limit)
+    code, omitted = _clip(program.code, limit) if limit is not None else (program.code, 0)
+    code = code if code.endswith("\n") else code + "\n"
     note = f"\n({omitted} lines in the middle of {what} are not shown.)" if omitted else ""
     fence = fence_for(code)
     return f"Scores{status}: {scores}\n{fence}python\n{code}{fence}{note}"

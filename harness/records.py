@@ -152,6 +152,8 @@ class NewGroup:
     prompt_token_ids: Sequence[int] | None
     rollouts: Sequence[RolloutRecord]
     policy_version_id: int | None = None
+    skipped: str | None = None  # why it has no rollouts (a prompt too long, a failed request)
+    population: Mapping[str, Any] | None = None  # what selection saw (RolloutGroup.population)
 
 
 @dataclass(frozen=True)

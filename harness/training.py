@@ -26,6 +26,7 @@ the versions stay contiguous.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -171,6 +172,24 @@ def start_trainer(
     )
 
 
+def resolve_backend(config: CampaignConfig) -> CampaignConfig:
+    """`config` with backend "auto" made concrete: vllm where it is installed, else
+    transformers, saying so in one line on stderr (the stored campaign keeps "auto")."""
+    import importlib.util
+    import sys
+
+    if config.backend != "auto":
+        return config
+    if importlib.util.find_spec("vllm") is not None:
+        return dataclasses.replace(config, backend="vllm")
+    print(
+        "vpo: vLLM is not installed, so generation uses the slower transformers backend "
+        "(make install installs vLLM)",
+        file=sys.stderr,
+    )
+    return dataclasses.replace(config, backend="transformers")
+
+
 def check_backend(config: CampaignConfig) -> None:
     """What can be known about `config`'s backend without starting it: its library is
     installed, its API key is set. A campaign checks this before it touches its database
@@ -192,14 +211,20 @@ def base_generator(config: CampaignConfig) -> Generator:
     """The generator `config` names, sampling from the base model."""
     from harness.llm import make_generator
 
+    config = resolve_backend(config)
     options: dict[str, Any] = {}
     if config.backend == "openai":
-        options = {"base_url": config.base_url, "api_key_env": config.api_key_env}
+        options = {
+            "base_url": config.base_url,
+            "api_key_env": config.api_key_env,
+            "retries": config.retries,
+        }
     return make_generator(config.backend, config.model, **options)
 
 
 def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Generator:
     """A generator that samples from the trainer's current weights."""
+    config = resolve_backend(config)
     if config.backend == "transformers":
         from harness.llm.transformers_backend import TransformersGenerator
 

@@ -11,15 +11,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.campaign import Progress, evaluate_and_store, loop_settings, prepare, sample_iteration
+from harness.campaign import CampaignRun, Progress, evaluate_and_store, prepare
 from harness.config import CampaignConfig
 from harness.errors import UserError
+from harness.generation import FailureStreak, LoopSettings, loop_settings, sample_batch
+from harness.iteration import SampledIteration
 from harness.llm import Generator, make_generator
 from harness.publish import SavedVersion
 from harness.records import PolicyRecord
 from harness.sandbox import Sandbox
 from harness.store import Store
-from harness.training import base_generator
+from harness.training import base_generator, resolve_backend
 from problems.api import Problem
 
 
@@ -50,47 +52,88 @@ def run_worker(
     loaded: int | None = None
     with Sandbox(workers=config.sandbox_workers) as sandbox:
         campaign = prepare(config, store, problem, campaign_id, sandbox)
-        selection_config, sampling = loop_settings(config)
+        streak = FailureStreak(config.max_failures)
         try:
             while True:
-                iteration = store.claim_iteration(
-                    campaign_id, worker, budget=config.iterations, lease_seconds=lease_seconds
+                latest = store.latest_policy(campaign_id)
+                if generator is None or (latest is not None and latest.id != loaded):
+                    generator = _worker_generator(config, name, latest, generator)
+                    loaded = None if latest is None else latest.id
+                settings = loop_settings(config, generator)
+                claimed = _claim(
+                    store, campaign_id, worker, config, settings.concurrency, lease_seconds
                 )
-                if iteration is None:
+                if not claimed:
                     if store.open_claims(campaign_id) == 0:
                         break  # every iteration is recorded
                     time.sleep(poll_seconds)  # others are still working; one may die
                     continue
-                try:
-                    latest = store.latest_policy(campaign_id)
-                    if generator is None or (latest is not None and latest.id != loaded):
-                        generator = _worker_generator(config, name, latest, generator)
-                        loaded = None if latest is None else latest.id
-                    sampled = sample_iteration(
-                        campaign, generator, iteration, selection_config, sampling, loaded
-                    )
-                    evaluate_and_store(campaign, sampled)
-                except UserError as error:
-                    if "already recorded" not in str(error):
-                        store.release_claim(campaign_id, iteration, worker)
-                        raise
-                    # Our lease ran out and another worker recorded this iteration first.
-                    store.record_event(
-                        campaign_id, "iteration_lost", {"iteration": iteration, "worker": worker}
-                    )
-                    continue
-                except BaseException:
-                    store.release_claim(campaign_id, iteration, worker)
-                    raise
-                done += 1
-                if on_progress:
-                    on_progress(iteration + 1, campaign.progress)
+                batch = _run_batch(campaign, generator, claimed, settings, loaded, worker)
+                for sampled in batch:
+                    done += 1
+                    if on_progress:
+                        on_progress(sampled.iteration + 1, campaign.progress)
+                streak.update(batch)  # the stored ones; a skipped iteration is stored too
+                if streak.reached:
+                    raise streak.error()
         finally:
             if owns_generator and generator is not None:
                 generator.close()
     if store.iterations_done(campaign_id) >= config.iterations:
         store.set_campaign_status(campaign_id, "finished")
     return done
+
+
+def _run_batch(
+    campaign: CampaignRun,
+    generator: Generator,
+    claimed: list[int],
+    settings: LoopSettings,
+    version: int | None,
+    worker: str,
+) -> list[SampledIteration]:
+    """The claimed iterations sampled, evaluated and stored; those this worker stored. On an
+    error the claims of the iterations not stored are given back at once."""
+    store, campaign_id = campaign.store, campaign.campaign_id
+    stored: list[SampledIteration] = []
+    lost: list[int] = []
+
+    def on_lost(sampled: SampledIteration) -> None:
+        # Our lease ran out and another worker recorded the iteration first.
+        lost.append(sampled.iteration)
+        payload = {"iteration": sampled.iteration, "worker": worker}
+        store.record_event(campaign_id, "iteration_lost", payload)
+
+    try:
+        batch = sample_batch(campaign, generator, claimed, settings, version)
+        stored.extend(evaluate_and_store(campaign, batch, lost=on_lost))
+    except BaseException:
+        finished = {s.iteration for s in stored} | set(lost)
+        for iteration in claimed:
+            if iteration not in finished:
+                store.release_claim(campaign_id, iteration, worker)
+        raise
+    return stored
+
+
+def _claim(
+    store: Store,
+    campaign_id: int,
+    worker: str,
+    config: CampaignConfig,
+    settings: LoopSettings,
+    lease_seconds: float,
+) -> list[int]:
+    """Up to `concurrency` iterations claimed for `worker` (fewer near the end of the budget)."""
+    claimed: list[int] = []
+    while len(claimed) < settings.concurrency:
+        iteration = store.claim_iteration(
+            campaign_id, worker, budget=config.iterations, lease_seconds=lease_seconds
+        )
+        if iteration is None:
+            break
+        claimed.append(iteration)
+    return claimed
 
 
 def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem) -> int:
@@ -125,6 +168,7 @@ def _worker_generator(
     if latest is None:
         return current if current is not None else base_generator(config)
     version = SavedVersion(Path(latest.path), latest.step, campaign_name)
+    config = resolve_backend(config)
     if current is None and config.backend == "transformers":
         return make_generator("transformers", version.model_folder())
     generator = current if current is not None else base_generator(config)

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, inspect, select
 from sqlalchemy.engine import Connection
 
 from harness.db import PROGRAM_ORIGINS, PROGRAM_STATUSES
@@ -244,10 +244,14 @@ class Inspection(Database):
     ) -> Iterator[tuple[dict[str, Any], list[dict[str, Any]]]]:
         """(group, its trajectories) in iteration order, with every column the trainer uses."""
         after = -1
+        with self._reading() as connection:
+            # A database of an earlier release opened read-only lacks the added columns.
+            present = {c["name"] for c in inspect(connection).get_columns(GROUP.name)}
+        columns = [c for c in GROUP.c if c.name in present]
         while True:
             with self._reading() as connection:
                 groups = connection.execute(
-                    select(GROUP)
+                    select(*columns)
                     .where(GROUP.c.campaign_id == campaign_id, GROUP.c.iteration > after)
                     .order_by(GROUP.c.iteration)
                     .limit(batch)

@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from harness import faults
 from harness.db import utc_now
-from harness.errors import UserError
+from harness.errors import IterationRecorded
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store.opening import Database
 from harness.store.programs import insert_programs, insert_returning_ids
@@ -49,6 +49,8 @@ class Iterations(Database):
         A second attempt at the same iteration (a resumed run racing a stale one) fails on the
         unique (campaign, iteration) key and raises UserError; nothing of it is written.
         """
+        if group.skipped is not None and group.rollouts:
+            raise ValueError(f"iteration {group.iteration} is skipped yet has rollouts")
         for rollout in group.rollouts:
             for candidate in rollout.candidates:
                 check_choice("candidate outcome", candidate.outcome, CANDIDATE_OUTCOMES)
@@ -67,11 +69,25 @@ class Iterations(Database):
                     )
                 ).scalar_one()
             if taken:
-                raise UserError(
+                raise IterationRecorded(
                     f"iteration {group.iteration} of campaign {campaign_id} is already "
                     "recorded; is another process running this campaign?"
                 ) from None
             raise
+
+
+    def missing_iterations(self, campaign_id: int, budget: int) -> list[int]:
+        """The iteration numbers below `budget` that have no group yet, in order (a run
+        killed with many iterations in flight may have stored later ones)."""
+        with self._reading() as connection:
+            recorded = set(
+                connection.execute(
+                    select(GROUP.c.iteration).where(
+                        GROUP.c.campaign_id == campaign_id, GROUP.c.iteration < budget
+                    )
+                ).scalars()
+            )
+        return [k for k in range(budget) if k not in recorded]
 
 
 def _write_iteration(
@@ -109,6 +125,8 @@ def _insert_group(connection: Connection, campaign_id: int, group: NewGroup, now
             "prompt": group.prompt,
             "prompt_token_ids": None if tokens is None else list(tokens),
             "policy_version_id": group.policy_version_id,
+            "skipped": group.skipped,
+            "population": None if group.population is None else dict(group.population),
             "created_at": now,
         },
     ).scalar_one()

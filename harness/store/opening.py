@@ -19,7 +19,15 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
-from harness.db import ADDED_TABLES, SCHEMA_VERSION, Base, Meta, create_tables, dumps_json
+from harness.db import (
+    ADDED_COLUMNS,
+    ADDED_TABLES,
+    SCHEMA_VERSION,
+    Base,
+    Meta,
+    create_tables,
+    dumps_json,
+)
 from harness.errors import SchemaError, UserError
 
 # Seconds a SQLite writer waits for another writer before giving up, and a PostgreSQL client
@@ -281,6 +289,7 @@ def _add_missing_indexes(engine: Engine) -> None:
         with engine.execution_options(vpo_write=True).begin() as connection:
             for table in absent:
                 table.create(connection, checkfirst=True)
+    _add_missing_columns(engine)
     with engine.connect() as connection:
         have = {
             index["name"]
@@ -297,6 +306,30 @@ def _add_missing_indexes(engine: Engine) -> None:
         with engine.execution_options(vpo_write=True).begin() as connection:
             for index in missing:
                 index.create(connection, checkfirst=True)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """The nullable columns (ADDED_COLUMNS) a database of an earlier release lacks. Two
+    processes may race here; a column the other one added first is fine."""
+    with engine.connect() as connection:
+        inspector = inspect(connection)
+        have = {
+            table: {column["name"] for column in inspector.get_columns(table)}
+            for table in {table for table, _ in ADDED_COLUMNS}
+        }
+    for table, name in ADDED_COLUMNS:
+        if name in have[table]:
+            continue
+        column = Base.metadata.tables[table].c[name]
+        kind = column.type.compile(dialect=engine.dialect)
+        try:
+            with engine.execution_options(vpo_write=True).begin() as connection:
+                connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
+        except DBAPIError:
+            with engine.connect() as connection:
+                names = {c["name"] for c in inspect(connection).get_columns(table)}
+            if name not in names:
+                raise
 
 
 def _check_schema(connection: Connection, where: str) -> bool:
