@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from harness.config import CampaignConfig
 from harness.errors import IterationRecorded, UserError
 from harness.evaluate import evaluate, evaluate_many
-from harness.generation import FailureStreak, loop_settings, sample_batch
+from harness.generation import FailureStreak, describe, loop_settings, sample_batch
 from harness.iteration import (
     ParsedGroup,
     SampledIteration,
@@ -137,8 +137,11 @@ def run_campaign(
     *,
     generator: Generator | None = None,
     on_progress: Callable[[int, Progress], None] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> int:
     """Run (or resume) the campaign up to `config.iterations` iterations; return its id.
+    `say` hears one line on how it generates (backend, model, iterations in flight, prompt
+    budget) once the generator is up.
 
     A run that fails or is interrupted before it records an iteration of an existing campaign
     leaves the campaign's status as it was: a finished campaign whose extension could not
@@ -161,7 +164,7 @@ def run_campaign(
                     generator = trainer_generator(config, campaign.trainer)
                 elif generator is None:
                     generator = base_generator(config)
-                evolve(campaign, generator, on_progress)
+                evolve(campaign, generator, on_progress, say=say)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
         _settle_status(store, campaign_id, "stopped", before, done_before)
@@ -217,6 +220,7 @@ def evolve(
     on_progress: Callable[[int, Progress], None] | None,
     *,
     overlap: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """The iterations below the budget not recorded yet, `concurrency` at a time: a batch
     generates while the one before it is evaluated and stored (each iteration in its own
@@ -225,6 +229,8 @@ def evolve(
     """
     config = campaign.config
     settings = loop_settings(config, generator)
+    if say:
+        say(describe(generator, settings))
     todo = campaign.store.missing_iterations(campaign.campaign_id, config.iterations)
     streak = FailureStreak(config.max_failures)
     width = settings.concurrency

@@ -64,6 +64,20 @@ def loop_settings(config: CampaignConfig, generator: Generator) -> LoopSettings:
     )
 
 
+def describe(generator: Generator, settings: LoopSettings) -> str:
+    """One line on how a campaign generates, for the start of its output."""
+    budget = (
+        f"prompts up to {settings.budget.tokens} tokens"
+        if settings.budget
+        else "prompt length unchecked (the model's context length is unknown)"
+    )
+    return (
+        f"generating with {generator.backend} ({generator.model}), "
+        f"{settings.concurrency} iteration{'s' if settings.concurrency > 1 else ''} in flight, "
+        f"{budget}"
+    )
+
+
 def concurrency_for(config: CampaignConfig, generator: Generator) -> int:
     """`config.concurrency`, or the backend's default when it is 0."""
     if config.concurrency:
@@ -227,9 +241,9 @@ def _one_request(
     def request(prompt: list[Message]) -> Result:
         started = time.perf_counter()
         try:
-            result: list[Completion] | GenerationError = generator.generate(
-                [prompt], n, sampling
-            )[0]
+            result: list[Completion] | GenerationError = generator.generate([prompt], n, sampling)[
+                0
+            ]
         except GenerationError as error:
             result = error
         return result, time.perf_counter() - started

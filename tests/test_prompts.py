@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.parsing import parse_completion
-from harness.prompts import MAX_CHARS, SYSTEM, build_prompt
+from harness.prompts import SYSTEM, PromptBudget, PromptTooLong, build_prompt
 from harness.records import ProgramRecord, code_hash
 from problems.circle_packing import CirclePacking
 
@@ -88,7 +88,6 @@ def test_the_prompt_shows_problem_parent_drafts_and_the_ask() -> None:
     assert "`construct_packing`" in text
     assert "<<<<<<< SEARCH" in text and ">>>>>>> REPLACE" in text
     assert "# Feedback" not in text  # nothing to report on a clean run
-    assert size(messages) <= MAX_CHARS
 
 
 def test_the_format_example_parses_as_promised() -> None:
@@ -117,7 +116,7 @@ def test_feedback_shows_the_error_and_a_bounded_stderr_tail() -> None:
         error="n32: circles 3 and 4 overlap by 0.001",
         metrics={"artifacts": {"n26": {"stderr": ""}, "n32": {"stderr": stderr, "stdout": "x"}}},
     )
-    text = user_text(build_prompt(PROBLEM, parent, DRAFTS, 3, max_feedback_chars=600))
+    text = user_text(build_prompt(PROBLEM, parent, DRAFTS, 3, by_chars(10**6, feedback_chars=600)))
     feedback = text[text.index("# Feedback") : text.index("# Other programs")]
     assert "Status: invalid" in feedback
     assert "Error: n32: circles 3 and 4 overlap by 0.001" in feedback
@@ -134,37 +133,72 @@ def test_a_flat_stderr_artifact_is_shown_too() -> None:
     )
 
 
-def test_long_programs_are_clipped_in_the_middle() -> None:
+def by_chars(tokens: int, **options: Any) -> PromptBudget:
+    """A budget counted in characters: a tokenizer of one character a token."""
+    return PromptBudget(tokens, size, **options)
+
+
+def test_long_drafts_are_clipped_in_the_middle_and_the_parent_never_is() -> None:
     code = "import numpy as np\n" + "".join(f"x{i} = {i}\n" for i in range(5000)) + "RESULT = 1\n"
-    parent = program(1, code)
-    text = user_text(build_prompt(PROBLEM, parent, [], 3, max_program_chars=2000))
-    assert "import numpy as np\nx0 = 0\n" in text  # the head
-    assert "x4999 = 4999\nRESULT = 1\n" in text  # the tail
+    text = user_text(
+        build_prompt(
+            PROBLEM, program(1, code), [program(2, code)], 3, by_chars(10**6, draft_chars=2000)
+        )
+    )
+    assert f"```python\n{code}```" in text  # the parent, whole
+    assert "import numpy as np\nx0 = 0\n" in text  # the draft's head
     omitted = re.search(r"# \.\.\. (\d+) lines not shown \.\.\.", text)
     assert omitted and 4000 < int(omitted.group(1)) < 5002
-    assert f"({omitted.group(1)} lines in the middle of the current program are not shown.)" in text
+    assert f"({omitted.group(1)} lines in the middle of this program are not shown.)" in text
 
 
-def test_the_budget_drops_drafts_first_then_shortens_the_rest() -> None:
+def test_the_alphaevolve_program_is_shown_whole_to_smollm2() -> None:
+    """The 105-line program the 4,000-character cut used to lose 19 lines of."""
+    from pathlib import Path
+
+    from trainer.models import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2")
+    code = (Path(__file__).parents[1] / "examples" / "circle_packing_alphaevolve.py").read_text()
+    assert len(code) > 4000
+
+    def count(messages: list[dict[str, str]]) -> int:
+        return len(
+            tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        )
+
+    budget = PromptBudget(8192 - 768, count)
+    messages = build_prompt(PROBLEM, program(1, code), DRAFTS, 3, budget)
+    assert code.rstrip("\n") in user_text(messages) and count(messages) <= budget.tokens
+    assert "draft C" in user_text(messages)  # room for every draft too
+
+
+def test_the_budget_drops_drafts_first_then_the_feedback_and_never_cuts_the_parent() -> None:
     full = build_prompt(PROBLEM, PARENT, DRAFTS, 3)
     without_last = build_prompt(PROBLEM, PARENT, DRAFTS[:2], 3)
-    tight = build_prompt(PROBLEM, PARENT, DRAFTS, 3, max_chars=size(without_last))
+    assert build_prompt(PROBLEM, PARENT, DRAFTS, 3, by_chars(size(full))) == full
+    tight = build_prompt(PROBLEM, PARENT, DRAFTS, 3, by_chars(size(without_last)))
     assert tight == without_last and size(full) > size(tight)
-    bare = build_prompt(PROBLEM, PARENT, DRAFTS, 3, max_chars=size(without_last) - 1)
+    bare = build_prompt(PROBLEM, PARENT, DRAFTS, 3, by_chars(size(without_last) - 1))
     assert "draft A" in user_text(bare) and "draft B" not in user_text(bare)
-    # A long parent and feedback are cut once no draft is left; the statement never is.
-    long_parent = program(
+    # The feedback is shortened, then dropped, once no draft is left; the parent stays whole.
+    parent = program(
         1,
-        "".join(f"y{i} = {i}\n" for i in range(3000)),
+        "".join(f"y{i} = {i}\n" for i in range(300)),
         error="boom " * 1000,
         status="error",
         metrics={"artifacts": {"main": {"stderr": "E\n" * 5000}}},
     )
-    messages = build_prompt(PROBLEM, long_parent, DRAFTS, 3, max_chars=6000)
+    alone = build_prompt(PROBLEM, parent, [], 3, by_chars(10**6, feedback_chars=0))
+    messages = build_prompt(PROBLEM, parent, DRAFTS, 3, by_chars(size(alone) + 300))
     text = user_text(messages)
-    assert size(messages) <= 6000
-    assert "draft" not in text and PROBLEM.description.strip() in text
-    assert "lines in the middle of the current program are not shown" in text
+    assert size(messages) <= size(alone) + 300
+    assert "draft" not in text and parent.code in text and "boom" in text
+    assert build_prompt(PROBLEM, parent, DRAFTS, 3, by_chars(size(alone))) == alone
+    with pytest.raises(
+        PromptTooLong, match=rf"needs {size(alone)} tokens .* budget is {size(alone) - 1} \(why\)"
+    ):
+        build_prompt(PROBLEM, parent, DRAFTS, 3, by_chars(size(alone) - 1, why="why"))
 
 
 def test_untrusted_code_cannot_break_out_of_its_fence() -> None:
@@ -180,13 +214,19 @@ def test_untrusted_code_cannot_break_out_of_its_fence() -> None:
     stderr=st.text(max_size=3000),
     drafts=st.lists(st.text(max_size=2000), max_size=4),
     m=st.integers(1, 5),
-    max_chars=st.integers(4000, 20000),
+    tokens=st.integers(2000, 20000),
 )
-def test_any_records_give_a_bounded_prompt(
-    code: str, error: str | None, stderr: str, drafts: list[str], m: int, max_chars: int
+def test_any_records_give_a_prompt_within_budget_or_a_reason(
+    code: str, error: str | None, stderr: str, drafts: list[str], m: int, tokens: int
 ) -> None:
     parent = program(1, code, error=error, metrics={"artifacts": {"main": {"stderr": stderr}}})
     shown = [program(i + 2, d) for i, d in enumerate(drafts)]
-    messages = build_prompt(PROBLEM, parent, shown, m, max_chars=max_chars)
-    assert size(messages) <= max_chars
+    try:
+        messages = build_prompt(PROBLEM, parent, shown, m, by_chars(tokens))
+    except PromptTooLong:
+        alone = build_prompt(PROBLEM, parent, [], m, by_chars(10**6, feedback_chars=0))
+        assert size(alone) > tokens  # only when the parent alone is over
+        return
+    assert size(messages) <= tokens
     assert f"Write {m} candidate" in user_text(messages)
+    assert (code if code.endswith("\n") else code + "\n") in user_text(messages)

@@ -28,6 +28,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from harness.cli.parser import build_parser
     from problems.registry import ProblemLoadError
 
+    # vLLM logs every engine detail at INFO, and on CPU a warning per generate call; a campaign
+    # shows its own progress. Its errors still show; VLLM_LOGGING_LEVEL=INFO brings back the rest.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
     try:
         args = build_parser().parse_args(argv)
         return int(args.handler(args))

@@ -99,7 +99,7 @@ def _run_one(args: argparse.Namespace) -> int:
     name = config.name or problem.name
     print(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")
     with render.progress_reporter(config.iterations) as report:
-        campaign_id = run_campaign(config, store, problem, on_progress=report)
+        campaign_id = run_campaign(config, store, problem, on_progress=report, say=print)
     summary = store.summary(campaign_id)
     render.print_best(problem, summary)
     print(f"database: {store.where}")
