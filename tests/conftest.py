@@ -31,7 +31,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from harness.db import Program, RolloutGroup, Trajectory
+from harness.db import GroupDraft, Program, RolloutGroup, Trajectory
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 
@@ -343,7 +343,17 @@ def campaign_invariants(
             trajectories = session.scalars(
                 select(Trajectory).where(Trajectory.group_id == group.id)
             ).all()
-            assert sorted(t.position for t in trajectories) == list(range(g))
+            # A skipped iteration has its reason and nothing else.
+            expected = [] if group.skipped is not None else list(range(g))
+            # What selection saw is recorded, and held the parent and the drafts.
+            seen = group.population
+            assert seen is not None and group.parent_program_id <= seen["upto"]
+            assert seen["programs"] == sum(seen["islands"]) and seen["valid"] <= seen["programs"]
+            drafts = session.scalars(
+                select(GroupDraft.program_id).where(GroupDraft.group_id == group.id)
+            ).all()
+            assert all(d <= seen["upto"] for d in drafts)
+            assert sorted(t.position for t in trajectories) == expected
             for trajectory in trajectories:
                 assert [c["index"] for c in trajectory.candidates] == list(range(1, m + 1))
                 assert trajectory.num_tokens == len(trajectory.token_ids)

@@ -101,9 +101,8 @@ def test_candidates_are_evaluated_once_and_failures_recorded(tmp_path: Path) -> 
         campaign = prepare(config, store, problem, campaign_id, sandbox)
         seed = store.program(campaign.seed_id)
         prompt = [{"role": "user", "content": "improve"}]
-        evaluate_and_store(
-            campaign, SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, completions, [])
-        )
+        sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, completions, [])
+        assert list(evaluate_and_store(campaign, [sampled])) == [sampled]
     with Session(store.engine) as session:
         trajectories = session.scalars(select(Trajectory).order_by(Trajectory.position)).all()
     first, second = (t.candidates for t in trajectories)

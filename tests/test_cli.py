@@ -279,7 +279,7 @@ def test_a_run_that_cannot_start_its_backend_leaves_a_finished_campaign_finished
     # A name the config does not know is refused before anything.
     assert_one_line_error(
         vpo("run", "circle_packing", "--db", str(db), "--iterations", "2", "--backend", "x"),
-        "'backend' must be transformers or vllm or openai",
+        "'backend' must be auto or transformers or vllm or openai",
     )
     assert _campaign_status(db)[0] == "finished"
 

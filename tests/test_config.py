@@ -15,12 +15,14 @@ from harness.errors import UserError
 def test_defaults_are_what_a_user_would_pick() -> None:
     config = CampaignConfig()
     assert (config.backend, config.model, config.group_size, config.candidates) == (
-        "transformers",
+        "auto",
         "smollm2",
         4,
         3,
     )
     assert config.islands == 4 and config.strategy == "evolve"
+    # Iterations in flight and the context length come from the backend and the model.
+    assert (config.concurrency, config.context_tokens, config.max_failures) == (0, 0, 10)
 
 
 def test_layers_apply_in_order_and_none_means_unset(tmp_path: Path) -> None:
@@ -53,7 +55,12 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         ({"group_size": "four"}, "'group_size' must be a whole number, got 'four'"),
         ({"temperature": True}, "'temperature' must be a number"),
         ({"strategy": "random"}, "'strategy' must be evolve or best-of-n"),
-        ({"backend": "tgi"}, "'backend' must be transformers or vllm or openai"),
+        ({"backend": "tgi"}, "'backend' must be auto or transformers or vllm or openai"),
+        ({"concurrency": -1}, "'concurrency' must be a whole number from 0 to 1024"),
+        ({"context_tokens": 500}, "'context_tokens' must be more than max_tokens \\(768\\)"),
+        ({"max_failures": 0}, "'max_failures' must be a whole number >= 1"),
+        ({"retries": 101}, "'retries' must be a whole number from 0 to 100"),
+        ({"draft_chars": 10}, "'draft_chars' must be a whole number >= 200"),
         ({"backend": "openai"}, "'base_url' must be the endpoint URL"),
         ({"candidates": 20}, "'candidates' must be a whole number from 1 to 8"),
         ({"colour": "blue"}, "unknown key 'colour'"),
