@@ -441,9 +441,32 @@ def test_openai_generates_with_smollm2_from_vllm_serve(
         # No check that a seed repeats here: on a CPU with AMX, a repeated request to this
         # server diverged now and then after a few tokens (fp32 included). That the seeds are
         # sent is checked against the scripted server below.
-        # An error from the endpoint mid-campaign is retryable, not a user error.
-        with pytest.raises(GenerationError, match="HTTP 400"):
+        # An error from the endpoint mid-campaign is a generation error, not a user error; a
+        # request the server refuses is one that no retry can mend.
+        with pytest.raises(GenerationError, match="HTTP 400: max_tokens=5000 cannot") as caught:
             generator.generate(PROMPTS[:1], 1, Sampling(max_tokens=5000))
+        assert caught.value.permanent
+    finally:
+        generator.close()
+
+
+def test_openai_reads_the_context_and_counts_tokens_on_vllm_serve(
+    vllm_server: str, tokenizer: Any
+) -> None:
+    generator = make_generator(
+        "openai", "smollm2", base_url=vllm_server, api_key_env="VPO_TEST_LLM_KEY"
+    )
+    try:
+        assert generator.context_tokens() == 3072  # the server's --max-model-len
+        for messages in PROMPTS:
+            served = generator.generate([messages], 1, SHORT)[0][0].prompt_token_ids
+            assert served == tuple(chat_prompt_ids(tokenizer, messages))
+            assert generator.count_tokens(messages) == len(served)
+        long = [{"role": "user", "content": "hello " * 4000}]
+        assert generator.count_tokens(long) > 3072
+        with pytest.raises(GenerationError, match="^the prompt is too long") as caught:
+            generator.generate([long], 1, SHORT)
+        assert caught.value.permanent
     finally:
         generator.close()
 
@@ -632,11 +655,15 @@ def test_openai_asks_again_when_a_server_answers_fewer_than_n(scripted_server: s
 
 
 def test_openai_endpoint_error_mid_run_is_a_generation_error(scripted_server: str) -> None:
-    generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
+    waits: list[float] = []
+    generator = make_generator(
+        "openai", "m", base_url=scripted_server, api_key_env="", sleep=waits.append
+    )
     _Scripted.failing = True
-    with pytest.raises(GenerationError, match="HTTP 503: model is loading$"):
+    with pytest.raises(GenerationError, match="5 attempts failed; .*HTTP 503: model is loading$"):
         generator.generate(PROMPTS[:1], 1, Sampling())
     generator.close()
+    assert len(_Scripted.requests) == 5 and len(waits) == 4  # sent again 4 times by default
 
 
 def test_a_server_that_cannot_take_adapters_is_refused_before_training(

@@ -9,13 +9,23 @@ A vLLM server started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING
 takes LoRA adapters at run time (`load_weights`, `load_adapter`): each policy version of a
 campaign becomes an adapter named after it, sampled from by name, so a server shared by many
 workers follows the trainer without a restart.
+
+Each chat request retries on its own: connection errors, timeouts, HTTP 408, 429 and 5xx are sent
+again after a backoff with full jitter (or after the server's Retry-After on 429 and 503); any
+other 4xx is final at once, and so is a prompt longer than the model's context.
 """
 
 from __future__ import annotations
 
+import email.utils
+import math
 import os
-from collections.abc import Sequence
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -31,6 +41,18 @@ from harness.llm.base import (
 )
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+BACKOFF_CAP = 60.0  # seconds: the longest wait between two attempts of our own choosing
+RETRY_AFTER_CAP = 300.0  # seconds: the longest Retry-After we honour
+# How servers say a prompt does not fit the model: vLLM ("maximum context length", "longer than
+# the maximum model length"), llama.cpp ("exceeds the available context size"), OpenAI
+# ("context_length_exceeded"), others ("context window", "too many tokens").
+_TOO_LONG = re.compile(
+    r"context length|maximum model length|context size|context window|too many tokens"
+    r"|prompt is too long",
+    re.IGNORECASE,
+)
+CHARS_PER_TOKEN = 3  # the estimate where no tokenizer can be asked; errs towards more tokens
+TOKENS_PER_MESSAGE = 4  # role markers and separators a chat template adds to each message
 
 
 def auth_headers(api_key_env: str | None) -> dict[str, str]:
@@ -49,6 +71,7 @@ def auth_headers(api_key_env: str | None) -> dict[str, str]:
 
 class OpenAIGenerator:
     backend = "openai"
+    in_process = False  # each prompt is its own request; the campaign sends them concurrently
 
     def __init__(
         self,
@@ -60,12 +83,20 @@ class OpenAIGenerator:
         concurrency: int = 8,
         logprobs: bool = True,
         extra_body: dict[str, Any] | None = None,
+        retries: int = 4,
+        backoff: float = 1.0,
+        context_tokens: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """Talk to `model` at `base_url` (default $OPENAI_BASE_URL, else OpenAI's API).
 
         `api_key_env` names the variable that holds the key; None or "" for a server without
-        one. `concurrency` prompts are in flight at once; `extra_body` is merged into every
-        request (server-specific sampling options, a LoRA adapter's name as `model`, ...).
+        one. `concurrency` prompts are in flight at once (in one `generate` call); `extra_body`
+        is merged into every request (server-specific sampling options, a LoRA adapter's name
+        as `model`, ...). A chat request that fails for a reason that may pass is sent up to
+        `retries` more times, waiting about `backoff` seconds, doubling each time (`sleep`
+        waits; tests record instead). `context_tokens` overrides the context length the server
+        reports (vLLM's `max_model_len`).
         """
         self.model = model
         self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL).rstrip(
@@ -74,6 +105,9 @@ class OpenAIGenerator:
         self.concurrency = max(1, concurrency)
         self.logprobs = logprobs
         self.extra_body = dict(extra_body or {})
+        self.retries = max(0, retries)
+        self.backoff = max(0.0, backoff)
+        self.sleep = sleep
         # The adapter sampled from (None: the base model), and every adapter this client loaded,
         # by name, with the folder the server reads it from.
         self.adapter: str | None = None
@@ -85,11 +119,18 @@ class OpenAIGenerator:
             timeout=httpx.Timeout(timeout, connect=10.0),
             limits=httpx.Limits(max_connections=self.concurrency),
         )
-        self.server = self._check_server()
+        entry = self._check_server()
+        # Who serves the model ("vllm", "llamacpp", "openai", ... or "" when unknown).
+        self.server = str(entry.get("owned_by") or "")
+        served_context = entry.get("max_model_len")
+        if context_tokens is None and isinstance(served_context, int) and served_context > 0:
+            context_tokens = served_context
+        self.context = context_tokens
+        self.tokenize = self.server == "vllm"  # until the server says it has no /tokenize
 
-    def _check_server(self) -> str:
+    def _check_server(self) -> dict[str, Any]:
         """Fail now, with a user error, if the endpoint is unreachable, refuses the key or does
-        not serve the model; returns who serves it ("vllm", "llamacpp", "openai", ... or "")."""
+        not serve the model; returns the model's entry in the server's list ({} when none)."""
         try:
             response = self.client.get("/models", timeout=10.0)
         except httpx.HTTPError as error:
@@ -104,18 +145,46 @@ class OpenAIGenerator:
                 "check the key in the variable named by api_key_env"
             )
         if response.status_code >= 400:
-            return ""  # some servers have no model list; generation will tell
+            return {}  # some servers have no model list; generation will tell
         try:
-            models = {entry["id"]: entry.get("owned_by", "") for entry in response.json()["data"]}
+            models = {entry["id"]: entry for entry in response.json()["data"]}
         except (ValueError, KeyError, TypeError):
-            return ""
+            return {}
         if self.model not in models:
             served = ", ".join(sorted(models)[:10]) or "nothing"
             self.client.close()
             raise UserError(
                 f"{self.base_url} does not serve model {self.model!r}; it serves {served}"
             )
-        return str(models[self.model])
+        return models[self.model]
+
+    def context_tokens(self) -> int | None:
+        """The `context_tokens` given, else the `max_model_len` the server listed the model
+        with at start-up (vLLM does); None where it said nothing."""
+        return self.context
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        """Exact on a vLLM server, which applies the model's chat template (POST /tokenize on
+        its root); elsewhere, or when that fails, an estimate rounded up: a token per three
+        characters of content plus a few per message."""
+        if self.tokenize:
+            try:
+                response = self.client.post(
+                    f"{_server_root(self.base_url)}/tokenize",
+                    json={
+                        "model": self.model,
+                        "messages": list(messages),
+                        "add_generation_prompt": True,
+                    },
+                    timeout=30.0,
+                )
+                if response.status_code == 404:
+                    self.tokenize = False  # a server without the route: do not ask again
+                elif response.status_code < 400:
+                    return int(response.json()["count"])
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                pass
+        return estimate_tokens(messages)
 
     def generate(
         self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
@@ -154,13 +223,49 @@ class OpenAIGenerator:
         return completions[:n]
 
     def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        response = self._request("/chat/completions", body)
+        response = self._post_retrying("/chat/completions", body)
         if response.status_code == 404 and self.adapter is not None:
             # Another client sharing the server unloaded our adapter (an older version to it):
             # load it again, so this request still samples from the version it is recorded under.
             self._load(self.adapter, self.adapters[self.adapter])
-            response = self._request("/chat/completions", body)
-        return _json(response, f"{self.base_url}/chat/completions")
+            response = self._post_retrying("/chat/completions", body)
+        where = f"{self.base_url}/chat/completions"
+        if response.status_code >= 400:
+            message = _server_message(response)
+            status = f"HTTP {response.status_code}: {message}"
+            if response.status_code == 413 or _TOO_LONG.search(message):
+                raise GenerationError(
+                    f"the prompt is too long for the model's context (max_tokens "
+                    f"{body.get('max_tokens')} included); {where} answered {status}",
+                    permanent=True,
+                )
+            raise GenerationError(f"{where} refused the request, {status}", permanent=True)
+        return _json(response, where)
+
+    def _post_retrying(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """The server's answer to POST `path` that retrying cannot change: a success or a 4xx
+        other than 408 and 429. Connection errors, timeouts, 408, 429 and 5xx are sent again,
+        up to `retries` times; then a GenerationError that may pass (permanent=False)."""
+        last = ""
+        for attempt in range(self.retries + 1):
+            wait: float | None = None
+            try:
+                response = self.client.post(path, json=body)
+            except httpx.TransportError as error:  # refused, reset, timed out
+                last = _describe(error)
+            except httpx.HTTPError as error:
+                raise GenerationError(f"{self.base_url}{path}: {_describe(error)}") from None
+            else:
+                status = response.status_code
+                if status < 400 or (status < 500 and status not in (408, 429)):
+                    return response
+                last = f"HTTP {status}: {_server_message(response)}"
+                if status in (429, 503):
+                    wait = retry_after(response.headers.get("Retry-After"))
+            if attempt < self.retries:
+                self.sleep(wait if wait is not None else backoff_delay(attempt, self.backoff))
+        attempts = "1 attempt" if self.retries == 0 else f"{self.retries + 1} attempts"
+        raise GenerationError(f"{self.base_url}{path}: {attempts} failed; the last: {last}")
 
     def _request(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
@@ -268,6 +373,49 @@ class OpenAIGenerator:
 
     def close(self) -> None:
         self.client.close()
+
+
+def backoff_delay(
+    attempt: int,
+    base: float,
+    draw: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds to wait before retry `attempt` + 1: exponential backoff with full jitter,
+    uniform in [0, min(BACKOFF_CAP, base * 2**attempt)], so clients that failed together do
+    not come back together."""
+    return draw(0.0, min(BACKOFF_CAP, base * 2.0 ** min(attempt, 64)))
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a Retry-After header asks for (delta-seconds or an HTTP-date), at most
+    RETRY_AFTER_CAP; None when there is none or it cannot be read."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # an HTTP-date is always GMT
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(RETRY_AFTER_CAP, max(0.0, seconds))
+
+
+def estimate_tokens(messages: Sequence[Message]) -> int:
+    """An upper-leaning guess at a chat prompt's tokens where no tokenizer can be asked."""
+    characters = sum(len(message.get("content") or "") for message in messages)
+    return -(-characters // CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+
+
+def _server_root(base_url: str) -> str:
+    """Where a vLLM server mounts its own routes (/tokenize): the base URL without /v1."""
+    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
 
 
 def _json(response: httpx.Response, where: str) -> dict[str, Any]:
