@@ -155,16 +155,24 @@ def run_campaign(
     try:
         with Sandbox(workers=config.sandbox_workers) as sandbox:
             campaign = prepare(config, store, problem, campaign_id, sandbox)
-            done = store.iterations_done(campaign_id)
-            if done < config.iterations:
+            name = config.name or problem.name
+            if store.missing_iterations(campaign_id, config.iterations):
                 campaign.trainer = start_trainer(
-                    config, store, campaign_id, config.name or problem.name, campaign.objectives
+                    config, store, campaign_id, name, campaign.objectives
                 )
                 if generator is None and campaign.trainer is not None:
                     generator = trainer_generator(config, campaign.trainer)
                 elif generator is None:
                     generator = base_generator(config)
                 evolve(campaign, generator, on_progress, say=say)
+            elif config.train_every and store.untrained_count(campaign_id) >= config.train_every:
+                # Killed after recording its last iteration, before training on the last
+                # groups: train on them now (no generator to start, nothing left to sample).
+                campaign.trainer = start_trainer(
+                    config, store, campaign_id, name, campaign.objectives
+                )
+                if train(campaign, None) and on_progress:
+                    on_progress(config.iterations, campaign.progress)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
         _settle_status(store, campaign_id, "stopped", before, done_before)
@@ -269,7 +277,7 @@ def _store_and_report(
             on_progress(sampled.iteration + 1, campaign.progress)
 
 
-def train(campaign: CampaignRun, generator: Generator) -> bool:
+def train(campaign: CampaignRun, generator: Generator | None) -> bool:
     """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
     share the weights being trained): one in the steady state, more when a resumed run finds
     the groups a killed one recorded but did not train on; True when any ran."""

@@ -209,6 +209,7 @@ def check_backend(config: CampaignConfig) -> None:
 
 def base_generator(config: CampaignConfig) -> Generator:
     """The generator `config` names, sampling from the base model."""
+    from harness.generation import DEFAULT_CONCURRENCY
     from harness.llm import make_generator
 
     config = resolve_backend(config)
@@ -218,6 +219,8 @@ def base_generator(config: CampaignConfig) -> Generator:
             "base_url": config.base_url,
             "api_key_env": config.api_key_env,
             "retries": config.retries,
+            # Connections to the server: as many as the campaign keeps requests in flight.
+            "concurrency": config.concurrency or DEFAULT_CONCURRENCY["openai"],
         }
     return make_generator(config.backend, config.model, **options)
 
