@@ -52,7 +52,7 @@ def run(config: CampaignConfig, generator, folder: Path, overlap: bool) -> dict[
         campaign_id = open_campaign(store, config, problem)
         campaign = prepare(config, store, problem, campaign_id, sandbox)
         started = time.perf_counter()
-        evolve(campaign, generator, 0, None, overlap=overlap)
+        evolve(campaign, generator, None, overlap=overlap)
         wall = time.perf_counter() - started
         summary = store.summary(campaign_id)
     progress = campaign.progress
