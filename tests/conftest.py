@@ -35,6 +35,11 @@ from harness.db import GroupDraft, Program, RolloutGroup, Trajectory
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 
+# Campaigns in the tests run vLLM in process on a tiny model (the default backend): 1 GiB of KV
+# cache holds far more than they ask for, where the default 4 GiB per engine would add up when
+# several workers run at once. Subprocesses inherit it.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
 INSTALL_HINT = (
     "PostgreSQL server binaries not found; install them with `apt-get install postgresql` "
     "(`make test` does) or set VPO_TEST_POSTGRES_URL"

@@ -41,7 +41,11 @@ def test_three_workers_and_a_follower_on_postgresql(
 
 def _workers_and_follower(url: str, model: str, tmp_path: Path) -> None:
     budget, every = 12, 2
-    workers = [worker(url, model, budget, f"w{i}") for i in range(3)]
+    # Each worker claims two iterations at a time and generates them in one call.
+    workers = [
+        worker(url, model, budget, f"w{i}", "--backend", "transformers", "--concurrency", "2")
+        for i in range(3)
+    ]
     wait_for_campaign(url)  # the trainer needs the campaign the first worker creates
     trainer = start_vpo(
         "train", "--db", url, "--name", "w", "--follow", "--train-every", str(every),
@@ -63,7 +67,8 @@ def _workers_and_follower(url: str, model: str, tmp_path: Path) -> None:
 def test_a_killed_workers_iteration_is_taken_over(tiny_model: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'w.db'}"
     budget = 6
-    first = worker(url, tiny_model, budget, "doomed", "--lease", "2")
+    # The default backend (vLLM here), four iterations claimed and generated at a time.
+    first = worker(url, tiny_model, budget, "doomed", "--lease", "2", "--concurrency", "4")
     # Kill it once it holds a claim it has not recorded.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -79,7 +84,7 @@ def test_a_killed_workers_iteration_is_taken_over(tiny_model: str, tmp_path: Pat
     first.communicate()
     with Store.open(url, create=False) as store:
         assert store.open_claims(store.get_campaign("w").id) >= 1  # left behind
-    finish(worker(url, tiny_model, budget, "heir", "--lease", "2"))
+    finish(worker(url, tiny_model, budget, "heir", "--lease", "2", "--concurrency", "4"))
     check_invariants(url, budget, None, unique_code=False)
 
 
