@@ -2,7 +2,11 @@
 times, at random moments and inside its most delicate ones (a database transaction, a training
 step, between saving a policy version and recording it), and resumed each time. Afterwards it
 must have finished its budget with nothing lost, nothing twice and the trainer's state in step
-with its recorded versions."""
+with its recorded versions.
+
+It runs the transformers backend, one iteration at a time, so that its twenty start-ups stay
+short; tests/test_concurrency.py kills a run with eight iterations in flight, and
+tests/test_workers.py a worker on the default vLLM backend."""
 
 from __future__ import annotations
 
@@ -30,7 +34,8 @@ def test_a_training_campaign_survives_twenty_kills(tiny_model: str, tmp_path: Pa
     url = f"sqlite:///{tmp_path / 't.db'}"
     command = [
         sys.executable, "-m", "harness.cli", "run", "circle_packing", "--db", url,
-        "--name", "w", "--model", tiny_model, "--iterations", str(BUDGET),
+        "--name", "w", "--model", tiny_model, "--backend", "transformers",
+        "--iterations", str(BUDGET),
         "--group-size", "2", "--max-tokens", "24", "--train-every", str(EVERY),
         "--lr", "1e-3", "--policy-dir", str(tmp_path / "policies"),
     ]  # fmt: skip
