@@ -128,8 +128,10 @@ def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_
 
     from trainer.policy import Policy
 
+    # One iteration in flight, so which groups each step takes is known (on the vLLM backend,
+    # whose weights each step reloads).
     settings = fast_settings(
-        tiny_model, iterations=5, train_every=2, learning_rate=1e-3, micro_batch=1
+        tiny_model, iterations=5, train_every=2, learning_rate=1e-3, micro_batch=1, concurrency=1
     )
     store = Store.open(tmp_path / "campaign.db")
     campaign_id = run_campaign(build(settings), store, CirclePacking())
@@ -233,6 +235,7 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
     flags = ["--max-tokens", "16", "-G", "2", "-m", "2", "--workers", "1", "--iterations", "1"]
     assert main(["run", "circle_packing", "--db", str(other), "--model", str(out), *flags]) == 0
     assert summary_json(Store.open(other), 1)["trajectories"] == 2
+    capsys.readouterr()  # what that run printed
 
     # Bad input is one line each.
     def fails(argv: list[str]) -> str:
@@ -263,6 +266,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     settings = {
         "problem": "circle_packing",
         "model": "smollm2",
+        "backend": "transformers",  # the generator shares the trainer's weights
         "group_size": 2,
         "candidates": 2,
         "max_tokens": 32,
