@@ -168,6 +168,7 @@ class Summary:
     policy_versions: int
     tokens: int
     best: dict[str, dict[str, Any]]  # objective -> {"score", "raw", "program_id"}
+    skipped: int = 0  # groups of iterations that produced nothing (RolloutGroup.skipped)
 
 
 @dataclass(frozen=True)

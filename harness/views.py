@@ -30,6 +30,7 @@ def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
         "valid_programs": summary.valid_programs,
         "evaluations": summary.evaluations,
         "groups": summary.groups,
+        "skipped": summary.skipped,
         "trajectories": summary.trajectories,
         "policy_versions": summary.policy_versions,
         "tokens": summary.tokens,
@@ -44,6 +45,7 @@ def stats(store: Store, campaign_id: int) -> dict[str, Any]:
     report["events"] = counts.events
     report["objectives"] = store.objectives(campaign_id)
     report["policy_steps"] = [p.step for p in store.policies(campaign_id)]
+    report["last_skipped"] = store.skipped_iterations(campaign_id)
     return report
 
 

@@ -107,6 +107,15 @@ def test_a_prompt_that_cannot_fit_skips_its_iteration_and_too_many_stop_the_run(
         campaign_invariants(store, campaign.id, 3, 2, 3)
     assert [g.iteration for g in groups] == [0, 1, 2]
     assert all(g.skipped and g.skipped.startswith("prompt too long") for g in groups)
+    # `vpo db stats` counts them and shows why.
+    stats = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "db", "stats", "--db", str(db), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(stats.stdout)
+    assert report["skipped"] == 3 and report["groups"] == 3
+    assert [s["iteration"] for s in report["last_skipped"]] == [2, 1, 0]
+    assert report["last_skipped"][0]["reason"] == groups[2].skipped
 
 
 class Script:

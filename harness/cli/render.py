@@ -131,6 +131,7 @@ def print_best(problem: Problem, summary: Any) -> None:
     print(
         f"programs: {summary.programs} ({summary.valid_programs} valid), "
         f"iterations: {summary.groups}, tokens: {summary.tokens}"
+        + (f", skipped: {summary.skipped} (vpo db stats)" if summary.skipped else "")
     )
 
 
@@ -151,6 +152,10 @@ def print_view(command: str, data: Any) -> None:
     elif command == "stats":
         by_status = data["programs_by_status"].items()
         rows = [(f"programs {status}", str(n)) for status, n in by_status]
+        rows += [
+            (f"skipped iteration {s['iteration']}", inert(s["reason"][:200]))
+            for s in data.get("last_skipped", [])
+        ]
         console.print(summary_table("database", data, rows))
     elif command == "show":
         _print_program(console, data)
@@ -246,6 +251,7 @@ def summary_table(title: str, report: dict[str, Any], extra: Sequence[tuple[str,
         "valid_programs",
         "evaluations",
         "groups",
+        "skipped",
         "trajectories",
         "policy_versions",
         "tokens",

@@ -303,6 +303,19 @@ class Inspection(Database):
         with self._reading() as connection:
             return _groups(connection, campaign_id)
 
+    def skipped_iterations(self, campaign_id: int, limit: int = 5) -> list[dict[str, Any]]:
+        """The newest `limit` iterations that produced nothing, newest first, with why."""
+        with self._reading() as connection:
+            if not _has_skipped(connection):
+                return []
+            rows = connection.execute(
+                select(GROUP.c.iteration, GROUP.c.skipped)
+                .where(GROUP.c.campaign_id == campaign_id, GROUP.c.skipped.is_not(None))
+                .order_by(GROUP.c.iteration.desc())
+                .limit(limit)
+            ).all()
+        return [{"iteration": row.iteration, "reason": row.skipped} for row in rows]
+
     def summary(self, campaign_id: int) -> Summary:
         with self._reading() as connection:
             statuses = count_by_status(connection, campaign_id)
@@ -328,7 +341,22 @@ class Inspection(Database):
                 policy_versions=versions or 0,
                 tokens=int(tokens or 0),
                 best=_best_by_objective(connection, campaign_id),
+                skipped=_skipped(connection, campaign_id),
             )
+
+
+def _has_skipped(connection: Connection) -> bool:
+    # A database of an earlier release (read-only, so not upgraded) has no such column.
+    return "skipped" in {c["name"] for c in inspect(connection).get_columns(GROUP.name)}
+
+
+def _skipped(connection: Connection, campaign_id: int) -> int:
+    if not _has_skipped(connection):
+        return 0
+    query = select(func.count()).where(
+        GROUP.c.campaign_id == campaign_id, GROUP.c.skipped.is_not(None)
+    )
+    return connection.scalar(query) or 0
 
 
 def _groups(connection: Connection, campaign_id: int) -> int:
