@@ -60,9 +60,7 @@ def run_worker(
                     generator = _worker_generator(config, name, latest, generator)
                     loaded = None if latest is None else latest.id
                 settings = loop_settings(config, generator)
-                claimed = _claim(
-                    store, campaign_id, worker, config, settings.concurrency, lease_seconds
-                )
+                claimed = _claim(store, campaign_id, worker, config, settings, lease_seconds)
                 if not claimed:
                     if store.open_claims(campaign_id) == 0:
                         break  # every iteration is recorded

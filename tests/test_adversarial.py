@@ -103,9 +103,16 @@ class Replay:
 
     backend = "replay"
     model = "replay"
+    in_process = True
 
     def __init__(self, texts: list[str]) -> None:
         self.texts = iter(texts)
+
+    def context_tokens(self) -> None:
+        return None  # no limit: the prompts are not what is under test
+
+    def count_tokens(self, messages) -> int:  # noqa: ANN001
+        return 0
 
     def generate(self, prompts, n, sampling):  # noqa: ANN001, ANN201
         return [
