@@ -23,6 +23,11 @@ def test_defaults_are_what_a_user_would_pick() -> None:
     assert config.islands == 4 and config.strategy == "evolve"
     # Iterations in flight and the context length come from the backend and the model.
     assert (config.concurrency, config.context_tokens, config.max_failures) == (0, 0, 10)
+    # `vpo config show` prints them with the rest.
+    shown = config.to_toml()
+    for line in ('backend = "auto"', "concurrency = 0", "context_tokens = 0", "retries = 4",
+                 "max_failures = 10", "draft_chars = 4000", "feedback_chars = 2000"):  # fmt: skip
+        assert line in shown.splitlines()
 
 
 def test_layers_apply_in_order_and_none_means_unset(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ The engine keeps its own copy of the weights; after the trainer publishes a poli
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,10 @@ class VLLMGenerator:
         child_env = {name: os.environ.get(name) for name in CHILD_ONLY_ENV}
         try:
             import torch
+
+            # vLLM touches torch.distributed.reduce_op, deprecated in this torch, when it loads
+            # its kernels: a warning for vLLM's maintainers, not for a campaign's output.
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
             from vllm import LLM
         except ImportError as error:
             raise UserError(f"{INSTALL_HINT} ({error})") from None
@@ -89,6 +94,7 @@ class VLLMGenerator:
             # applied), as the transformers backend reports and the trainer's ratio needs.
             "logprobs_mode": "processed_logprobs",
             "enforce_eager": (not on_gpu) if enforce_eager is None else enforce_eager,
+            "use_tqdm_on_load": False,  # a campaign prints its own progress
         }
         if on_gpu:
             options["gpu_memory_utilization"] = gpu_memory_utilization
