@@ -75,7 +75,6 @@ class Iterations(Database):
                 ) from None
             raise
 
-
     def missing_iterations(self, campaign_id: int, budget: int) -> list[int]:
         """The iteration numbers below `budget` that have no group yet, in order (a run
         killed with many iterations in flight may have stored later ones)."""
