@@ -27,8 +27,8 @@ from harness.errors import UserError
 BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
-ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo")
-SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo")
+ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
+SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 # The two groups of flags in `vpo run --help`.
 SETTINGS = "settings (override the config file and the stored campaign)"
 TRAINING = "training (VPO inside the campaign)"
@@ -71,7 +71,7 @@ class TrainSettings:
     defaults are also the campaign's."""
 
     model: str = "smollm2"  # the embedded SmolLM2-135M-Instruct; any HF id or folder works
-    advantage: str = "vpo"  # vpo | grpo | multi_rlvr | max_at_k | gdpo
+    advantage: str = "vpo"  # vpo | grpo | multi_rlvr | max_at_k | gdpo | maxrl | rw_grpo
     learning_rate: float = 1e-6  # the VPO paper's full fine-tuning rate
     lora: bool = False  # train a LoRA adapter instead of every weight
     lora_rank: int = 16
@@ -184,7 +184,7 @@ class CampaignConfig:
     )
     advantage: str = setting(
         TrainSettings.advantage,
-        "vpo, grpo, multi_rlvr, max_at_k or gdpo ({default})",
+        "vpo, grpo, multi_rlvr, max_at_k, gdpo, maxrl or rw_grpo ({default})",
         group=TRAINING,
     )
     learning_rate: float = setting(

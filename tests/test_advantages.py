@@ -13,11 +13,14 @@ from hypothesis import strategies as st
 from trainer.advantages import (
     EPS,
     ESTIMATORS,
+    SINGLE_CANDIDATE,
     dirichlet,
     gdpo_advantages,
     grpo_advantages,
     max_at_k_advantages,
+    maxrl_advantages,
     multi_rlvr_advantages,
+    rw_grpo_advantages,
     standardise,
     vpo_advantages,
 )
@@ -124,7 +127,7 @@ def test_all_equal_groups_give_exact_zeros(batch, group, m, d, data) -> None:
     scores = row.expand(batch, group, m, d).clone()
     mask = torch.ones(batch, group, m, dtype=torch.bool)
     for name, estimator in ESTIMATORS.items():
-        if m != 1 and name in ("grpo", "max_at_k", "gdpo"):
+        if m != 1 and name in SINGLE_CANDIDATE:
             continue
         advantages, _ = estimator(scores, mask)
         assert torch.equal(advantages, torch.zeros(batch, group, dtype=advantages.dtype)), name
@@ -239,3 +242,43 @@ def test_bad_shapes_say_what_was_expected() -> None:
 
 def test_standardise_of_a_single_rollout_is_zero() -> None:
     assert torch.equal(standardise(torch.tensor([[0.7]])), torch.zeros(1, 1))
+
+
+def test_maxrl_divides_the_deviation_by_the_group_mean() -> None:
+    scores = torch.tensor([[[[1.0, 0.0]], [[0.0, 0.0]], [[1.0, 1.0]], [[0.5, 0.5]]]])
+    mask = torch.ones(1, 4, 1, dtype=torch.bool)
+    advantages, rewards = maxrl_advantages(scores, mask)
+    assert rewards[0].tolist() == pytest.approx([0.5, 0.0, 1.0, 0.5])
+    # mean 0.5: (r - 0.5) / 0.5
+    assert advantages[0].tolist() == pytest.approx([0.0, -1.0, 1.0, 0.0], abs=1e-5)
+    # A rare success is scaled by 1 / mean, not by the spread: one 0.1 among three zeros
+    # (mean 0.025) gets (0.1 - 0.025) / 0.025 = 3, the misses -1.
+    rare = torch.tensor([[[[0.1, 0.1]], [[0.0, 0.0]], [[0.0, 0.0]], [[0.0, 0.0]]]])
+    advantages, _ = maxrl_advantages(rare, mask)
+    assert advantages[0].tolist() == pytest.approx([3.0, -1.0, -1.0, -1.0], rel=1e-3)
+    zeros, _ = maxrl_advantages(torch.zeros(1, 4, 1, 2), mask)
+    assert torch.equal(zeros, torch.zeros(1, 4, dtype=zeros.dtype))
+    with pytest.raises(ValueError, match="m = 1"):
+        maxrl_advantages(torch.zeros(1, 2, 3, 2), torch.ones(1, 2, 3, dtype=torch.bool))
+
+
+def test_rw_grpo_is_grpo_on_one_random_weighting_per_group() -> None:
+    scores = torch.tensor(
+        [[[[1.0, 0.0]], [[0.0, 1.0]], [[0.5, 0.5]]], [[[1.0, 0.0]], [[0.0, 1.0]], [[0.2, 0.2]]]],
+        dtype=torch.float64,
+    )
+    mask = torch.ones(2, 3, 1, dtype=torch.bool)
+    weights = torch.tensor([[0.9, 0.1], [0.2, 0.8]], dtype=torch.float64)
+    advantages, rewards = rw_grpo_advantages(scores, mask, weights=weights)
+    assert rewards.flatten().tolist() == pytest.approx([0.9, 0.1, 0.5, 0.2, 0.8, 0.2])
+    expected, _ = grpo_advantages(
+        rewards.reshape(2, 3, 1, 1),
+        mask,  # GRPO on the weighted scalar
+    )
+    assert torch.allclose(advantages, expected)
+    # Drawn weights follow the generator, and differ between groups.
+    drawn, first = rw_grpo_advantages(scores, mask, generator=seeded(5))
+    again, second = rw_grpo_advantages(scores, mask, generator=seeded(5))
+    assert torch.equal(drawn, again) and torch.equal(first, second)
+    with pytest.raises(ValueError, match=r"weights must be \(B=2, d=2\)"):
+        rw_grpo_advantages(scores, mask, weights=torch.ones(3, 2))

@@ -175,6 +175,32 @@ def test_a_step_moves_the_weights_and_favours_the_diverse_rollout(tiny_model: st
     assert gain[0] > 0 and (gain[1:] < 0).all()
 
 
+@pytest.mark.parametrize("advantage", ["maxrl", "rw_grpo"])
+def test_single_candidate_baselines_train_towards_the_best_rollout(
+    tiny_model: str, advantage: str
+) -> None:
+    """MaxRL and random-weighting GRPO take a real step: rollout 0 beats the others on both
+    objectives, so under any weighting it gains probability."""
+    policy = Policy.load(tiny_model, PolicyConfig(lr=1e-2, reference=False))
+    group = tiny_groups(policy, 1)[0]
+    scores = np.full((len(group.rollouts), 1, 2), 0.2)
+    scores[0] = [[0.9, 0.8]]
+    single = Group(group.rollouts, scores, np.ones((len(group.rollouts), 1), dtype=bool))
+    config = TrainConfig(advantage=advantage, loss=LossConfig(beta=0.0))
+    rows = [(list(r.prompt_ids), list(r.completion_ids), None) for r in single.rollouts]
+    batch = _batch(rows, policy, config)
+    with torch.no_grad():
+        old = completion_logprobs(policy.model, batch, config)
+    before = weights_of(policy)
+    metrics = train_step(policy, [single], config, generator=torch.Generator().manual_seed(1))
+    assert math.isfinite(metrics.loss) and metrics.zero_std_fraction == 0.0
+    assert any(not torch.equal(before[k], v) for k, v in weights_of(policy).items())
+    with torch.no_grad():
+        new = completion_logprobs(policy.model, batch, config)
+    gain = ((new - old) * batch["completion_mask"]).sum(dim=1)
+    assert gain[0] > 0 and (gain[1:] < 0).all()
+
+
 def test_all_equal_groups_only_feel_the_kl(tiny_model: str) -> None:
     policy = Policy.load(tiny_model, PolicyConfig(lr=1e-2))
     group = tiny_groups(policy, 1)[0]

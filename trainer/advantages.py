@@ -21,6 +21,10 @@ The advantage of a rollout is given to every one of its completion tokens by the
   rollout (Bagirov et al., arXiv 2510.23393), then z-normalised within the group (m = 1).
 - `gdpo_advantages`: each objective z-normalised within the group, summed, then whitened over
   the whole batch (arXiv 2601.05242) (m = 1).
+- `maxrl_advantages`: the scalar's deviation from its group mean over that mean,
+  (r - mean) / (mean + eps) (Tajwar & Zeng, arXiv 2602.02710) (m = 1).
+- `rw_grpo_advantages`: GRPO on w . r with one w ~ Dirichlet(1) per group, a random trade-off
+  per prompt instead of a fixed one (the VPO authors' random-weighting baseline) (m = 1).
 """
 
 from __future__ import annotations
@@ -121,16 +125,50 @@ def gdpo_advantages(
     return whitened, vectors.mean(dim=-1)
 
 
+def maxrl_advantages(scores: Tensor, mask: Tensor, *, eps: float = EPS) -> tuple[Tensor, Tensor]:
+    """MaxRL: (r - mean) / (mean + eps) of the mean-of-vector scalar within each group; a
+    group whose rewards are all equal (all zero included) gets exact zeros."""
+    scalar = _single(scores, mask, "maxrl")
+    mean = scalar.mean(dim=1, keepdim=True)
+    deviation = scalar - mean
+    equal = (scalar == scalar[:, :1]).all(dim=1, keepdim=True)
+    advantages = torch.where(equal, torch.zeros_like(deviation), deviation / (mean + eps))
+    return advantages, scalar
+
+
+def rw_grpo_advantages(
+    scores: Tensor,
+    mask: Tensor,
+    *,
+    weights: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    eps: float = EPS,
+) -> tuple[Tensor, Tensor]:
+    """Random-weighting GRPO: the single candidate's vector weighted by one w ~ Dirichlet(1)
+    per group (`weights` (B, d) fixes them), then GRPO's z-normalisation."""
+    _single(scores, mask, "rw_grpo")
+    batch, _, _, dims = scores.shape
+    if weights is None:
+        weights = dirichlet((batch, 1, dims), 1.0, generator, scores)[:, 0]
+    elif weights.shape != (batch, dims):
+        raise ValueError(f"weights must be (B={batch}, d={dims}), got {tuple(weights.shape)}")
+    vectors = scores[:, :, 0] * mask[:, :, :1]  # (B, G, d); a missing candidate scores 0
+    scalar = torch.einsum("bgd,bd->bg", vectors, weights.to(scores.dtype))
+    return standardise(scalar, eps=eps, unbiased=True), scalar
+
+
 ESTIMATORS: dict[str, Estimator] = {
     "vpo": vpo_advantages,
     "grpo": grpo_advantages,
     "multi_rlvr": multi_rlvr_advantages,
     "max_at_k": max_at_k_advantages,
     "gdpo": gdpo_advantages,
+    "maxrl": maxrl_advantages,
+    "rw_grpo": rw_grpo_advantages,
 }
 
 # The estimators that score one candidate per rollout.
-SINGLE_CANDIDATE = ("grpo", "max_at_k", "gdpo")
+SINGLE_CANDIDATE = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 
 
 def standardise(values: Tensor, *, eps: float = EPS, unbiased: bool = False) -> Tensor:

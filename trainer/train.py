@@ -138,6 +138,8 @@ def compute_advantages(
     if config.advantage == "vpo":
         options = {"num_weights": config.num_weights, "alpha": config.alpha}
         options["generator"] = generator
+    elif config.advantage == "rw_grpo":
+        options = {"generator": generator}
     elif config.advantage == "max_at_k":
         options = {"k": config.k}
     buckets: dict[tuple[int, ...], list[int]] = {}
