@@ -29,6 +29,7 @@ STRATEGIES = ("evolve", "best-of-n")
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
+DUPLICATE_REWARDS = ("zero", "keep")
 # The two groups of flags in `vpo run --help`.
 SETTINGS = "settings (override the config file and the stored campaign)"
 TRAINING = "training (VPO inside the campaign)"
@@ -82,6 +83,9 @@ class TrainSettings:
     temperature: float = 1.0  # what the rollouts were sampled at: log-probs are of logits / T
     sequence_tokens: int = 4096  # longest prompt + completion trained on; longer is cut
     seed: int = 0
+    # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
+    # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
+    duplicate_reward: str = "zero"
 
 
 # A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
@@ -196,6 +200,11 @@ class CampaignConfig:
     dirichlet_weights: int = TrainSettings.dirichlet_weights
     dirichlet_alpha: float = TrainSettings.dirichlet_alpha
     micro_batch: int = TrainSettings.micro_batch
+    duplicate_reward: str = setting(
+        TrainSettings.duplicate_reward,
+        "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
+        group=TRAINING,
+    )
     policy_dir: str | None = setting(
         None, "where policy versions are saved (default: beside the database)", group=TRAINING
     )
@@ -233,6 +242,11 @@ class CampaignConfig:
         _require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
         _require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
         _require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
+        _require(
+            self.duplicate_reward in DUPLICATE_REWARDS,
+            "duplicate_reward",
+            " or ".join(DUPLICATE_REWARDS),
+        )
         if self.train_every:
             if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
                 _require(
@@ -264,6 +278,7 @@ class CampaignConfig:
             temperature=trained_temperature(self.temperature),
             sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
             seed=self.seed,
+            duplicate_reward=self.duplicate_reward,
         )
 
     @property

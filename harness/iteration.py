@@ -64,6 +64,7 @@ class Candidate:
     code: str | None = None
     code_hash: str | None = None
     reason: str | None = None
+    lazy: bool = False  # a duplicate of the parent or of a program stored before this group
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ def classify_group(
     """Each completion's candidates 1..`candidates`, parsed against the parent and classified
     by code hash against `seen` (hashes evaluated before) and the candidates before them."""
     fresh: set[str] = set()
+    parent_hash = code_hash(parent_code)
     rollouts = []
     for text in texts:
         parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
@@ -117,9 +119,10 @@ def classify_group(
                 errors.append(f"{index}: NUL byte")
             else:
                 digest = code_hash(candidate.code)
-                outcome: Outcome = "duplicate" if digest in seen or digest in fresh else "new"
+                lazy = digest in seen or digest == parent_hash
+                outcome: Outcome = "duplicate" if lazy or digest in fresh else "new"
                 fresh.add(digest)
-                classified.append(Candidate(index, outcome, candidate.code, digest))
+                classified.append(Candidate(index, outcome, candidate.code, digest, lazy=lazy))
         parsed_count = sum(1 for c in classified if c.outcome != "unparsed")
         status = "ok" if parsed_count == candidates else ("partial" if parsed_count else "none")
         error = "; ".join(errors)[:MAX_PARSE_ERROR_CHARS] or None
@@ -149,7 +152,7 @@ def rollout_records(
 def _stored(candidate: Candidate, evaluations: Mapping[str, Evaluation]) -> CandidateRecord:
     c = candidate
     if c.outcome != "new":
-        return CandidateRecord(c.index, c.outcome, None, c.code_hash, c.reason)
+        return CandidateRecord(c.index, c.outcome, None, c.code_hash, c.reason, lazy=c.lazy)
     assert c.code is not None and c.code_hash is not None
     program = new_program(c.code, evaluations[c.code_hash])
     return CandidateRecord(c.index, "new", program, c.code_hash)

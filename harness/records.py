@@ -115,7 +115,9 @@ class CandidateRecord:
 
     `new`: evaluated now, stored as `program`; `duplicate`: its normalised code was evaluated
     before (in this iteration or earlier), found by `code_hash`; `unparsed`: nothing to run,
-    `reason` says why. Unparsed candidates score zeros.
+    `reason` says why. Unparsed candidates score zeros. `lazy`: a duplicate of the parent or of
+    a program stored before this iteration (ThetaEvolve's lazy output, arXiv 2511.23473), not
+    of another candidate of the same group.
     """
 
     index: int
@@ -123,6 +125,7 @@ class CandidateRecord:
     program: NewProgram | None = None
     code_hash: str | None = None
     reason: str | None = None
+    lazy: bool = False
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,8 @@ class TrainingRollout:
     # Per candidate 1..candidates: the evaluated program's scores by objective, None when the
     # candidate has no program (not parsed).
     candidates: tuple[dict[str, float] | None, ...]
+    # Per candidate: whether it repeated its parent or a program stored before its iteration.
+    lazy: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

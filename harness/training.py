@@ -123,6 +123,7 @@ class CampaignTrainer:
     folder: Path
     name: str  # the campaign's, for naming adapters on a server
     version_id: int | None = None
+    duplicate_reward: str = "zero"  # see TrainSettings
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
@@ -169,6 +170,7 @@ def start_trainer(
         folder=policy_folder(config, store, campaign_name),
         name=campaign_name,
         version_id=None if latest is None else latest.id,
+        duplicate_reward=config.duplicate_reward,
     )
 
 
@@ -254,7 +256,10 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
     if store.untrained_count(trainer.campaign_id) < trainer.every:
         return None
     stored = store.untrained_groups(trainer.campaign_id, trainer.every)
-    groups = [to_group(g, trainer.objectives, trainer.candidates) for g in stored]
+    groups = [
+        to_group(g, trainer.objectives, trainer.candidates, trainer.duplicate_reward)
+        for g in stored
+    ]
     step = trainer.policy.step + 1
     # The Dirichlet draws of step s depend only on (seed, s): a resumed run redoes them exactly.
     seed = int.from_bytes(hashlib.sha256(f"{trainer.seed}:{step}".encode()).digest()[:8], "big")
@@ -351,7 +356,10 @@ def train_offline(
     objectives = store.objectives(campaign_id)
     groups = [
         g
-        for g in (to_group(t, objectives, candidates) for t in store.training_groups(campaign_id))
+        for g in (
+            to_group(t, objectives, candidates, settings.training.duplicate_reward)
+            for t in store.training_groups(campaign_id)
+        )
         if g is not None
     ]
     if not groups:
@@ -419,10 +427,14 @@ def refuse_sharding() -> None:
             )
 
 
-def to_group(stored: TrainingGroup, objectives: list[str], candidates: int) -> Group | None:
+def to_group(
+    stored: TrainingGroup, objectives: list[str], candidates: int, duplicate_reward: str = "zero"
+) -> Group | None:
     """The (G, m, d) score matrix and mask of a stored group; slots without a program are
     masked out, so they never enter the max (a failed program's zeros are kept: per-objective
-    partial credit is part of the vector reward)."""
+    partial credit is part of the vector reward). With `duplicate_reward` "zero", a lazy
+    candidate (its parent or a stored program repeated) scores zeros; its stored evaluation is
+    untouched."""
     from trainer.train import Group, Rollout
 
     if not stored.rollouts:
@@ -434,7 +446,9 @@ def to_group(stored: TrainingGroup, objectives: list[str], candidates: int) -> G
             if slot is None:
                 continue
             mask[i, j] = True
-            scores[i, j] = [slot.get(name, 0.0) for name in objectives]
+            lazy = j < len(rollout.lazy) and rollout.lazy[j]
+            if not (lazy and duplicate_reward == "zero"):
+                scores[i, j] = [slot.get(name, 0.0) for name in objectives]
     return Group(
         rollouts=[Rollout(r.prompt_token_ids, r.token_ids, r.logprobs) for r in stored.rollouts],
         scores=scores,

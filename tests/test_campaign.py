@@ -123,6 +123,64 @@ def test_candidates_are_evaluated_once_and_failures_recorded(tmp_path: Path) -> 
     assert good.parent_id == seed.id and good.generation == 1
 
 
+def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> None:
+    """ThetaEvolve's lazy outputs: a candidate that repeats its parent (or a stored program)
+    scores zero as a reward by default, so copying is not the safe answer; its stored
+    evaluation is untouched, and `duplicate_reward = "keep"` gives it the parent's scores."""
+    from harness.training import to_group
+    from trainer.train import TrainConfig, compute_advantages
+
+    store = Store.open(tmp_path / "campaign.db")
+    problem = CirclePacking()
+    config = build({"problem": "circle_packing", "candidates": 1, "group_size": 4})
+    smaller = SEED_PROGRAM.replace("1 - 1e-12", "0.9")  # valid, below the seed
+    texts = [SEED_PROGRAM, smaller, smaller, SEED_PROGRAM]
+    completions = [Completion(candidate_text(t), (1, 2), None, "stop", (7, 8)) for t in texts]
+    campaign_id = store.create_campaign("lazy", problem.name, config.to_dict(), 0)
+    with Sandbox(workers=2) as sandbox:
+        campaign = prepare(config, store, problem, campaign_id, sandbox)
+        seed = store.program(campaign.seed_id)
+        prompt = [{"role": "user", "content": "improve"}]
+        mixed = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, completions, [])
+        copies = [Completion(candidate_text(SEED_PROGRAM), (1, 2), None, "stop", (7, 8))] * 4
+        copied = SampledIteration(1, Selection(0, seed.id, ()), seed, prompt, copies, [])
+        list(evaluate_and_store(campaign, [mixed, copied]))
+    with Session(store.engine) as session:
+        trajectories = session.scalars(
+            select(Trajectory).order_by(Trajectory.group_id, Trajectory.position)
+        ).all()
+        slots = [t.candidates[0] for t in trajectories[:4]]
+    # The copies of the parent are lazy; the second `smaller` repeats a candidate of the same
+    # group, which is no laziness.
+    assert [(s["outcome"], s["lazy"]) for s in slots] == [
+        ("duplicate", True),
+        ("new", False),
+        ("duplicate", False),
+        ("duplicate", True),
+    ]
+    assert slots[0]["program_id"] == seed.id  # the stored link to the evaluation is kept
+    objectives = ["n26", "n32", "rect21"]
+    stored, all_copies = store.untrained_groups(campaign_id, 2)
+    zero = to_group(stored, objectives, 1)
+    keep = to_group(stored, objectives, 1, "keep")
+    assert zero is not None and keep is not None
+    assert not zero.scores[0].any() and not zero.scores[3].any() and zero.scores[1].all()
+    assert (keep.scores[0] == keep.scores[3]).all() and (keep.scores[0] > keep.scores[1]).all()
+    step = TrainConfig(advantage="grpo")
+    by_zero = compute_advantages([zero], step).per_rollout
+    by_keep = compute_advantages([keep], step).per_rollout
+    assert by_zero[0] < 0 < by_zero[1]  # the new program is worth more than a copy
+    assert by_keep[0] > 0 > by_keep[1]  # kept, copying the better parent would win
+    # A group whose rollouts all copy the parent gets zero advantages, under VPO too.
+    lazy_group = to_group(all_copies, objectives, 1)
+    assert lazy_group is not None and not lazy_group.scores.any()
+    for advantage in ("grpo", "vpo"):
+        assert (
+            compute_advantages([lazy_group], TrainConfig(advantage=advantage)).per_rollout
+            == [0.0] * 4
+        )
+
+
 def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_path: Path) -> None:
     import torch
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -143,8 +146,25 @@ def test_one_group_classifies_as_its_parts_in_turn(
     whole = classify_group(completions, candidates, PARENT, seen)
     first = classify_group(completions[:cut], candidates, PARENT, seen)
     second = classify_group(completions[cut:], candidates, PARENT, seen | set(first.new_code))
-    assert whole.rollouts == first.rollouts + second.rollouts
+    # Laziness is the one part that depends on where the group starts (a repeat of a program
+    # stored before the group); the outcomes do not.
+    assert unlazy(whole.rollouts) == unlazy(first.rollouts + second.rollouts)
     assert whole.new_code == {**first.new_code, **second.new_code}
+
+
+def unlazy(rollouts: tuple[Any, ...]) -> list[Any]:
+    return [
+        replace(r, candidates=tuple(replace(c, lazy=False) for c in r.candidates)) for r in rollouts
+    ]
+
+
+def test_lazy_candidates_repeat_the_parent_or_what_was_stored_before() -> None:
+    stored = "x = 2\n"
+    texts = [f"<candidate_1>\n```python\n{code}```\n</candidate_1>" for code in
+             (PARENT, stored, "y = 3\n", "y = 3\n")]  # fmt: skip
+    group = classify_group(texts, 1, PARENT, {code_hash(stored)})
+    found = [(c.outcome, c.lazy) for r in group.rollouts for c in r.candidates]
+    assert found == [("duplicate", True), ("duplicate", True), ("new", False), ("duplicate", False)]
 
 
 @settings(max_examples=200, deadline=None)

@@ -19,6 +19,7 @@ from harness.cli.flags import positive_float, positive_int
 from harness.config import (
     ADVANTAGES,
     ANSWER_TRAINING,
+    DUPLICATE_REWARDS,
     FOLLOW_EVERY,
     LORA_LEARNING_RATE,
     AnswerSettings,
@@ -82,6 +83,14 @@ def add_commands(commands: Any) -> None:
         default=None,
         help=f"rollouts per forward/backward (default {TrainSettings.micro_batch}; "
         f"{ANSWER_TRAINING.micro_batch} with --problem, whose prompts are long)",
+    )
+    p.add_argument(
+        "--duplicate-reward",
+        dest="duplicate_reward",
+        choices=DUPLICATE_REWARDS,
+        default=None,
+        help="reward of a candidate repeating its parent or a stored program (default: the "
+        f"campaign's with --follow, else {TrainSettings.duplicate_reward})",
     )
     p.add_argument("--seed", type=int, default=TrainSettings.seed)
     _add_follow_flags(p.add_argument_group("with --db --follow (beside `vpo worker` processes)"))
@@ -221,6 +230,7 @@ def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
             kl_beta=args.kl_beta,
             micro_batch=args.micro_batch,
             seed=args.seed,
+            duplicate_reward=args.duplicate_reward,
         ),
     )
     if args.learning_rate is None and settings.lora:
@@ -268,6 +278,7 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
         "model": args.model or None,
         "learning_rate": args.learning_rate,
         "kl_beta": args.kl_beta,
+        "duplicate_reward": args.duplicate_reward,
         "policy_dir": None if args.out is None else str(Path(args.out).resolve()),
     }
     if args.lora:

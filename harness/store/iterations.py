@@ -257,6 +257,7 @@ def _slot(
         "outcome": candidate.outcome,
         "program_id": None if candidate.outcome == "unparsed" else known.get(digest),
         "reason": candidate.reason,
+        "lazy": candidate.lazy,
     }
 
 

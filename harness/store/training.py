@@ -186,6 +186,8 @@ def _training_rollout(
             None if slot.get("program_id") is None else scores.get(slot["program_id"], {})
             for slot in slots
         ),
+        # Databases from before the flag: every duplicate counts as lazy.
+        lazy=tuple(bool(slot.get("lazy", slot.get("outcome") == "duplicate")) for slot in slots),
     )
 
 
