@@ -87,9 +87,9 @@ def add_commands(commands: Any) -> None:
     p.add_argument(
         "--duplicate-reward",
         dest="duplicate_reward",
-        choices=DUPLICATE_REWARDS,
         default=None,
-        help="reward of a candidate repeating its parent or a stored program (default: the "
+        help="zero or keep: the reward of a candidate repeating its parent or a stored program "
+        "(default: the "
         f"campaign's with --follow, else {TrainSettings.duplicate_reward})",
     )
     p.add_argument("--seed", type=int, default=TrainSettings.seed)
@@ -191,6 +191,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _checked_out(args: argparse.Namespace) -> Path:
     """The folder the model goes to, once the flags are known to make sense together."""
+    if args.duplicate_reward not in (None, *DUPLICATE_REWARDS):
+        raise UserError(
+            f"--duplicate-reward must be {' or '.join(DUPLICATE_REWARDS)}, "
+            f"not {args.duplicate_reward!r}"
+        )
     if args.advantage not in ADVANTAGES:
         raise UserError(
             f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
