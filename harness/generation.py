@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -136,11 +136,11 @@ def sample_batch(
     for c, (result, _) in zip(asking, results, strict=True):
         if isinstance(result, GenerationError):
             reason = ("permanent: " if result.permanent else "") + str(result)
-            done[c.iteration] = _replace(c, skipped=f"generation failed: {reason}")
+            done[c.iteration] = replace(c, skipped=f"generation failed: {reason}")
             continue
         completions = [storable(completion) for completion in result]
         progress.tokens += sum(len(completion.token_ids) for completion in completions)
-        done[c.iteration] = _replace(c, completions=completions)
+        done[c.iteration] = replace(c, completions=completions)
     progress.generate_seconds += max((s for _, s in results), default=0.0)
     return [done.get(c.iteration, c) for c in chosen]
 
@@ -249,12 +249,6 @@ def _one_request(
         return result, time.perf_counter() - started
 
     return request
-
-
-def _replace(sampled: SampledIteration, **changes: Any) -> SampledIteration:
-    import dataclasses
-
-    return dataclasses.replace(sampled, **changes)
 
 
 @dataclass
