@@ -30,6 +30,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from problems.api import MAX_SCORE
+
 # Bump when a table or column changes; `Store.open` refuses databases written by a newer version.
 SCHEMA_VERSION = 1
 
@@ -52,16 +54,19 @@ def utc_now() -> datetime:
 
 
 def create_tables(connection: Connection) -> None:
-    """Create every table, on any engine.
+    """Create every table, on any engine."""
+    schema_copy().create_all(connection)
 
-    Creates from a copy of the metadata: on PostgreSQL, SQLAlchemy adds the cyclic foreign key
-    with ALTER TABLE and marks the shared constraint object as not-inline for the rest of the
-    process, so a SQLite database created afterwards would silently lack that foreign key.
-    """
+
+def schema_copy() -> MetaData:
+    """A copy of the tables, to make DDL from: a constraint SQLAlchemy adds with ALTER TABLE
+    (on PostgreSQL, the cyclic foreign key; a replaced check) is marked not-inline for the rest
+    of the process, so a SQLite table created afterwards from the shared metadata would
+    silently lack it."""
     copy = MetaData(naming_convention=Base.metadata.naming_convention)
     for table in Base.metadata.tables.values():
         table.to_metadata(copy)
-    copy.create_all(connection)
+    return copy
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -185,15 +190,19 @@ class Program(Base):
 
 
 class Score(Base):
-    """One objective of one program: `value` in [0,1] (higher is better) and the raw number."""
+    """One objective of one program: `value` the normalised score (>= 0, higher is better,
+    1 = the best known value, above 1 a record) and the raw number."""
 
     __tablename__ = "score"
     __table_args__ = (
-        # Written so NaN fails too: on PostgreSQL NaN sorts above every number.
-        CheckConstraint("value >= 0 AND value <= 1", name="value_unit"),
+        # A finite number >= 0, written so NaN and infinity fail on both engines: on
+        # PostgreSQL NaN sorts above every number, so an upper bound is what refuses it (SQLite
+        # stores NaN as NULL, which NOT NULL refuses). Databases of earlier releases carry
+        # "value_unit" (value <= 1) instead; see REPLACED_CHECKS.
+        CheckConstraint(f"value >= 0 AND value <= {MAX_SCORE:.0e}", name="value_finite"),
         # "The best programs by one objective, oldest first among equals" is a walk down this
-        # index that stops after the rows wanted; without the id, ties (many programs clip at
-        # 1.0) would all be read and sorted. It also lists the distinct objectives.
+        # index that stops after the rows wanted; without the id, ties (many programs at the
+        # same score) would all be read and sorted. It also lists the distinct objectives.
         Index("ix_score_ranked", "objective", text("value DESC"), "program_id"),
     )
 
@@ -323,6 +332,10 @@ class IterationClaim(Base):
 # damaged, it predates them; a writable open adds them (readers never select them).
 ADDED_TABLES = ("iteration_claim",)
 ADDED_COLUMNS = (("rollout_group", "skipped"), ("rollout_group", "population"))
+# Check constraints replaced within a schema version, (table, old name): earlier releases
+# clipped scores into [0, 1] and their score table refuses a record above 1. A writable open
+# puts the table's current checks in their place; readers need no change.
+REPLACED_CHECKS = (("score", "ck_score_value_unit"),)
 
 
 class Event(Base):

@@ -3,7 +3,7 @@
 A problem knows nothing of the harness. It says which function the candidate must define and
 with which arguments to call it (`calls`), and it scores the *data* each call returned
 (`score`). The harness runs the calls in its sandbox and turns the raw values into an
-`Evaluation` with every objective mapped into [0, 1].
+`Evaluation` with every objective normalised: 1 is the best known value, above 1 beats it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,11 @@ from typing import Any, Literal
 Direction = Literal["max", "min"]
 Status = Literal["ok", "invalid", "error", "timeout"]
 STATUSES: tuple[Status, ...] = ("ok", "invalid", "error", "timeout")
+
+# The largest normalised score. Not a cap on records (a record 10^300 times the best known is
+# no record but a scorer's bug); it keeps every score a finite number the database can check:
+# its table refuses NaN and infinity by refusing anything above this.
+MAX_SCORE = 1e300
 
 
 class Infeasible(Exception):
@@ -36,8 +41,10 @@ class Objective:
     """One component of the reward vector.
 
     `best_known` is the value that maps to 1.0. For a maximised objective the score is
-    raw / best_known, for a minimised one best_known / raw; both are clipped into [0, 1], so a
-    new record scores 1.0 and its raw value tells by how much it beat the record.
+    raw / best_known, for a minimised one best_known / raw, never below 0 and not clipped
+    above: a new record scores above 1 (1.02 beats the best known by 2%), so parent selection,
+    rewards and every view tell records apart. The scorer is trusted and has checked the data
+    (an infeasible answer raised `Infeasible`); a raw value that is not finite scores 0.
     """
 
     name: str
@@ -60,7 +67,9 @@ class Objective:
             ratio = raw / self.best_known
         else:
             ratio = self.best_known / raw if raw > 0 else 0.0
-        return min(1.0, max(0.0, ratio))
+        # Only an overflow reaches MAX_SCORE (raw near the float maximum, or a tiny positive
+        # raw for a minimised objective); it keeps the score finite.
+        return min(MAX_SCORE, max(0.0, ratio))
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,8 @@ class Call:
 class Evaluation:
     """The scored result of one candidate program.
 
-    `scores` holds every objective in [0, 1] (0 where the candidate failed that part);
+    `scores` holds every objective normalised (see `Objective`: >= 0, finite, 1 = the best
+    known, above 1 a record; 0 where the candidate failed that part);
     `raw` the unnormalised values (None where there is none); `status` is "ok" only when every
     call returned valid data, else the first failure's status, explained in `reason`.
     """
@@ -184,7 +194,8 @@ class AnswerProblem(ABC):
     machine), the model reads `prompt(instance, m)` and writes m answers inside numbered
     `<{answer_tag}_i>` tags, and `score_answer` turns one answer into raw objective values in
     [0, 1]. `vpo train --problem NAME` runs VPO reinforcement learning on such a problem. The
-    objectives' `best_known` is 1: every component is already a fraction.
+    objectives' `best_known` is 1: every component is already a fraction, and a perfect answer
+    is the best there is, so these scores stay in [0, 1] (no answer can be a record).
     """
 
     kind = "answer"
@@ -233,12 +244,30 @@ class AnswerProblem(ABC):
                     continue
                 seen.add(key)
                 raw = self.score_answer(instance, body)
+                # Fractions by nature (see the class): clamped into [0, 1], unlike a program
+                # problem's scores, which exceed 1 for a record.
                 values.append({n: min(1.0, max(0.0, float(raw[n]))) for n in names})
                 reasons.append(None)
             except Infeasible as error:
                 values.append(dict.fromkeys(names, 0.0))
                 reasons.append(str(error))
         return values, reasons
+
+
+def record_note(score: float) -> str | None:
+    """How a score above 1 reads wherever a best program is shown: "record: +2.0% over best
+    known" for 1.02; None for a score that does not beat the best known value.
+
+    The margin has two significant digits (one decimal at least), so a hair's breadth shows as
+    one: 1.0000000089 reads "+0.00000089%", not "+0.0%"."""
+    if not score > 1.0:
+        return None
+    percent = (score - 1.0) * 100
+    if percent >= 1e6:
+        return f"record: +{percent:.2e}% over best known"
+    shown = float(f"{percent:.2g}")  # two significant digits decide the decimals
+    decimals = max(1, 1 - math.floor(math.log10(shown)))
+    return f"record: +{percent:.{decimals}f}% over best known"
 
 
 def answer_blocks(text: str, tag: str, candidates: int) -> list[str | None]:

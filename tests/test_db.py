@@ -282,7 +282,8 @@ def test_a_broken_reference_writes_nothing(store: Store, campaign_id: int) -> No
 @pytest.mark.parametrize(
     ("scores", "raw"),
     [
-        ({"a": 1.5}, {}),
+        ({"a": float("inf")}, {}),
+        ({"a": 1e301}, {}),
         ({"a": -0.1}, {}),
         ({"a": float("nan")}, {}),
         ({"a": 0.5}, {"a": float("inf")}),
@@ -297,10 +298,27 @@ def test_bad_scores_are_refused_before_writing(
     assert row_count(store, Program) == 0
 
 
-def test_the_score_table_checks_the_range_itself(store: Store, campaign_id: int) -> None:
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -0.5, 1e301])
+def test_the_score_table_checks_the_range_itself(
+    store: Store, campaign_id: int, value: float
+) -> None:
+    """A finite number >= 0, on both engines: PostgreSQL keeps NaN (sorting it above every
+    number) and SQLite makes it NULL, so the check's upper bound is what refuses it there."""
     program_id = store.add_program(campaign_id, NewProgram(SEED_CODE, "ok", {}, {}))
     with pytest.raises(DBAPIError), Session(store.engine) as session, session.begin():
-        session.add(Score(program_id=program_id, objective="a", value=1.5, raw=None))
+        session.add(Score(program_id=program_id, objective="a", value=value, raw=None))
+
+
+def test_a_record_above_the_best_known_is_stored_and_ranked_first(
+    store: Store, campaign_id: int
+) -> None:
+    """Scores are not clipped at 1 (the best known value): a record keeps its margin."""
+    known = store.add_program(campaign_id, NewProgram(SEED_CODE, "ok", {"a": 1.0}, {"a": 2.0}))
+    record = store.add_program(campaign_id, NewProgram("x = 2\n", "ok", {"a": 1.2}, {"a": 2.4}))
+    assert store.program(record).scores == {"a": 1.2}
+    ranked = store.best_by_objective(campaign_id, "a", 2)
+    assert [(pid, value) for pid, value, _ in ranked] == [(record, 1.2), (known, 1.0)]
+    assert store.summary(campaign_id).best["a"] == {"score": 1.2, "raw": 2.4, "program_id": record}
 
 
 def test_nul_characters_behave_alike_on_every_engine(store: Store, campaign_id: int) -> None:

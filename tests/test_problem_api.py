@@ -9,24 +9,49 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from problems.api import Call, Objective, combine
+from problems.api import MAX_SCORE, Call, Objective, combine, record_note
 from problems.circle_packing import CirclePacking
 from problems.registry import ProblemLoadError, available, load
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True), st.floats(1e-6, 1e6))
-def test_normalised_scores_stay_in_unit_interval(raw: float, best: float) -> None:
+def test_normalised_scores_are_finite_and_not_negative(raw: float, best: float) -> None:
     for direction in ("max", "min"):
         value = Objective("x", direction, best, "test").normalise(raw)
-        assert 0.0 <= value <= 1.0
-        if not math.isfinite(raw):
+        assert 0.0 <= value <= MAX_SCORE
+        if not math.isfinite(raw) or raw <= 0:
             assert value == 0.0
+        else:  # not clipped at 1: a record keeps its margin
+            ratio = raw / best if direction == "max" else best / raw
+            assert value == min(ratio, MAX_SCORE)
 
 
 def test_normalise_directions() -> None:
     assert Objective("x", "max", 2.0, "s").normalise(1.0) == 0.5
     assert Objective("x", "min", 2.0, "s").normalise(4.0) == 0.5
     assert Objective("x", "min", 2.0, "s").normalise(0.0) == 0.0
+    # Beating the best known value by 2% scores 1.02, in either direction.
+    assert Objective("x", "max", 2.0, "s").normalise(2.04) == pytest.approx(1.02)
+    assert Objective("x", "min", 1.02, "s").normalise(1.0) == pytest.approx(1.02)
+    # An overflow stays a finite number the database takes.
+    assert Objective("x", "max", 1e-6, "s").normalise(1e308) == MAX_SCORE
+
+
+@pytest.mark.parametrize(
+    ("score", "note"),
+    [
+        (0.5, None),
+        (1.0, None),
+        (float("nan"), None),
+        (1.02, "record: +2.0% over best known"),
+        (1.2, "record: +20.0% over best known"),
+        (1.001, "record: +0.10% over best known"),
+        (1.1234, "record: +12.3% over best known"),
+        (1.0000000089, "record: +0.00000089% over best known"),
+    ],
+)
+def test_a_record_reads_as_its_margin_over_the_best_known(score: float, note: str | None) -> None:
+    assert record_note(score) == note
     with pytest.raises(ValueError):
         Objective("x", "up", 2.0, "s")  # type: ignore[arg-type]
 

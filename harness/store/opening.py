@@ -14,19 +14,22 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy import CheckConstraint, Engine, Table, create_engine, event, inspect, select, text
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.schema import AddConstraint
 
 from harness.db import (
     ADDED_COLUMNS,
     ADDED_TABLES,
+    REPLACED_CHECKS,
     SCHEMA_VERSION,
     Base,
     Meta,
     create_tables,
     dumps_json,
+    schema_copy,
 )
 from harness.errors import SchemaError, UserError
 
@@ -35,7 +38,8 @@ from harness.errors import SchemaError, UserError
 SQLITE_BUSY_TIMEOUT_S = 30
 POSTGRES_CONNECT_TIMEOUT_S = 5
 
-# Any fixed number: serialises concurrent `Store.open` calls that would create the tables.
+# Any fixed number: serialises concurrent `Store.open` calls that would create the tables (or
+# replace a check constraint).
 _POSTGRES_CREATE_LOCK = 0x7670_6F65
 
 
@@ -253,6 +257,7 @@ def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = Fals
             _create_schema(engine, where)
         elif not read_only:
             _add_missing_indexes(engine)
+            _replace_old_checks(engine)
         # A reader leaves the journal mode alone: switching it writes the file. Every
         # database a campaign wrote is in WAL already, so readers never block its writer.
         if sqlite and not read_only:
@@ -330,6 +335,56 @@ def _add_missing_columns(engine: Engine) -> None:
                 names = {c["name"] for c in inspect(connection).get_columns(table)}
             if name not in names:
                 raise
+
+
+def _replace_old_checks(engine: Engine) -> None:
+    """The current check constraints in place of those REPLACED_CHECKS names (earlier releases'
+    score table refuses a record above 1), one transaction per table. PostgreSQL alters the
+    table; SQLite cannot drop a constraint, so there the table is rebuilt with its rows and
+    indexes. A database without the old checks is left alone."""
+    with engine.connect() as connection:
+        tables = sorted(
+            {table for table, name in REPLACED_CHECKS if _has_check(connection, table, name)}
+        )
+    for name in tables:
+        with engine.execution_options(vpo_write=True).begin() as connection:
+            if engine.dialect.name != "sqlite":
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
+                )
+            # Another process may have replaced them while we waited for the lock.
+            old = [c for t, c in REPLACED_CHECKS if t == name and _has_check(connection, t, c)]
+            if not old:
+                continue
+            table = schema_copy().tables[name]
+            if engine.dialect.name == "sqlite":
+                _rebuild_sqlite_table(connection, table)
+                continue
+            for check in old:
+                connection.execute(text(f"ALTER TABLE {name} DROP CONSTRAINT {check}"))
+            have = {check["name"] for check in inspect(connection).get_check_constraints(name)}
+            for constraint in table.constraints:
+                if isinstance(constraint, CheckConstraint) and constraint.name not in have:
+                    connection.execute(AddConstraint(constraint))
+
+
+def _has_check(connection: Connection, table: str, name: str) -> bool:
+    return any(check["name"] == name for check in inspect(connection).get_check_constraints(table))
+
+
+def _rebuild_sqlite_table(connection: Connection, table: Table) -> None:
+    """`table` made anew as the schema defines it, keeping its rows, inside the caller's
+    transaction. Its indexes go first: SQLite index names are global, and the new table makes
+    them again. No other table refers to the rebuilt one (the score table), so the rename
+    touches no foreign key."""
+    for index in inspect(connection).get_indexes(table.name):
+        connection.execute(text(f'DROP INDEX "{index["name"]}"'))
+    old = f"{table.name}_before_upgrade"
+    connection.execute(text(f"ALTER TABLE {table.name} RENAME TO {old}"))
+    table.create(connection)
+    columns = ", ".join(column.name for column in table.columns)
+    connection.execute(text(f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {old}"))
+    connection.execute(text(f"DROP TABLE {old}"))
 
 
 def _check_schema(connection: Connection, where: str) -> bool:

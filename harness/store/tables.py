@@ -31,6 +31,7 @@ from harness.db import (
     utc_now,
 )
 from harness.records import CampaignRecord, NewProgram, ProgramRecord
+from problems.api import MAX_SCORE
 
 CAMPAIGN = Campaign.__table__
 PROGRAM = Program.__table__
@@ -67,9 +68,12 @@ def check_program(program: NewProgram, origin: str) -> None:
 
 def _check_scores(scores: Mapping[str, float], raw: Mapping[str, float | None]) -> None:
     # The table checks the range too; checking here first gives a message that names the value.
+    # No cap at 1: a record scores above it (see `Objective.normalise`).
     for objective, value in scores.items():
-        if not 0.0 <= float(value) <= 1.0:  # False for NaN as well
-            raise ValueError(f"score {objective}={value!r} is outside [0, 1]")
+        if not 0.0 <= float(value) <= MAX_SCORE:  # False for NaN and infinity as well
+            raise ValueError(
+                f"score {objective}={value!r} is not a finite number >= 0 (at most {MAX_SCORE:g})"
+            )
     for objective, value in raw.items():
         if objective not in scores:
             raise ValueError(f"raw value for {objective!r}, which has no score")

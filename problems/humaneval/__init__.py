@@ -149,6 +149,7 @@ class HumanEvalTask(Problem):
         # The seed is the prompt itself: the signature and docstring, with an empty body.
         self.seed_program = task["prompt"].rstrip() + "\n    return None\n"
         self.canonical_program = task["prompt"] + task["canonical_solution"]
+        # A case passes (1, the best there is) or fails (0): no program scores above 1 here.
         self.objectives = tuple(
             Objective(
                 f"case{k + 1}",

@@ -1,0 +1,185 @@
+"""A database an earlier release made, opened by this one: on real SQLite files and a real
+PostgreSQL server (tests taking `db_url` run once per engine, see conftest.py).
+
+Earlier releases clipped scores into [0, 1] and their score table checks `value <= 1`; a record
+now scores above 1. A writable open replaces that check; a read-only open reads as before.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import CheckConstraint, Engine, MetaData, create_engine, insert, inspect, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+from harness.db import SCHEMA_VERSION, Base, Score, utc_now
+from harness.records import NewProgram
+from harness.store import Store
+
+OLD_CHECK = "ck_score_value_unit"
+NEW_CHECK = "ck_score_value_finite"
+
+
+def plain_engine(url: str) -> Engine:
+    """An engine without the Store's setup, to play the earlier release."""
+    return create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+
+
+def old_release_database(url: str) -> None:
+    """The tables an earlier release created (the same models, but the score check that
+    refused values above 1, declared as it was), in WAL mode on SQLite as its open left them,
+    holding a campaign with two programs: one at the best known value (1.0), one at 0.5."""
+    metadata = MetaData(naming_convention=Base.metadata.naming_convention)
+    for table in Base.metadata.tables.values():
+        table.to_metadata(metadata)
+    score = metadata.tables["score"]
+    for check in [c for c in score.constraints if isinstance(c, CheckConstraint)]:
+        score.constraints.remove(check)
+    score.append_constraint(CheckConstraint("value >= 0 AND value <= 1", name="value_unit"))
+    engine = plain_engine(url)
+    try:
+        if engine.dialect.name == "sqlite":
+            with engine.connect() as connection:
+                connection.exec_driver_sql("PRAGMA journal_mode = WAL")
+        with engine.begin() as connection:
+            metadata.create_all(connection)
+            tables = metadata.tables
+            connection.execute(
+                insert(tables["meta"]).values(key="schema_version", value=str(SCHEMA_VERSION))
+            )
+            connection.execute(
+                insert(tables["campaign"]).values(
+                    name="old", problem="toy", config={}, seed=0, status="running"
+                )
+            )
+            # No ids given, so PostgreSQL's sequences count them: they are 1 and 2 here.
+            for program_id, value in ((1, 1.0), (2, 0.5)):
+                connection.execute(
+                    insert(tables["program"]).values(
+                        campaign_id=1,
+                        code=f"x = {program_id}\n",
+                        code_hash=f"{program_id:064d}",
+                        origin="seed" if program_id == 1 else "llm",
+                        status="ok",
+                        metrics={},
+                        created_at=utc_now(),
+                    )
+                )
+                connection.execute(
+                    insert(tables["score"]).values(
+                        program_id=program_id, objective="a", value=value, raw=value * 10
+                    )
+                )
+    finally:
+        engine.dispose()
+
+
+def score_checks(url: str) -> set[str]:
+    engine = plain_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {c["name"] for c in inspect(connection).get_check_constraints("score")}
+    finally:
+        engine.dispose()
+
+
+def sqlite_schema(url: str) -> list[tuple[Any, ...]]:
+    """The score table's and its indexes' DDL as SQLite keeps it, each statement's lines
+    sorted (SQLAlchemy writes a table's constraints in no fixed order)."""
+    engine = plain_engine(url)
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(
+                text(
+                    "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'score' "
+                    "ORDER BY type, name"
+                )
+            )
+            return [
+                (kind, name, sorted(line.strip(" ,") for line in (sql or "").splitlines()))
+                for kind, name, sql in rows
+            ]
+    finally:
+        engine.dispose()
+
+
+def test_the_old_release_database_refuses_a_record(db_url: str) -> None:
+    """The stand-in is faithful: the constraint has the name SQLAlchemy gave it then."""
+    old_release_database(db_url)
+    assert score_checks(db_url) == {OLD_CHECK}
+    engine = plain_engine(db_url)
+    try:
+        with pytest.raises(DBAPIError), engine.begin() as connection:
+            connection.execute(text("UPDATE score SET value = 1.2 WHERE program_id = 1"))
+    finally:
+        engine.dispose()
+
+
+def test_a_writable_open_upgrades_it_to_take_a_record(db_url: str, tmp_path: Path) -> None:
+    old_release_database(db_url)
+    with Store.open(db_url) as store:
+        record = store.add_program(1, NewProgram("x = 3\n", "ok", {"a": 1.2}, {"a": 12.0}))
+        assert store.program(record).scores == {"a": 1.2}
+        # The rows of the old release kept, and the record ranked first.
+        assert [(pid, value) for pid, value, _ in store.best_by_objective(1, "a", 3)] == [
+            (record, 1.2),
+            (1, 1.0),
+            (2, 0.5),
+        ]
+        assert store.program(2).raw == {"a": 5.0}
+        # The new check still refuses what is not a finite number >= 0.
+        for bad in (float("inf"), float("nan"), -0.5):
+            with pytest.raises(DBAPIError), Session(store.engine) as session, session.begin():
+                session.add(Score(program_id=2, objective=f"b{bad}", value=bad, raw=None))
+    assert score_checks(db_url) == {NEW_CHECK}
+    engine = plain_engine(db_url)
+    try:
+        with engine.connect() as connection:
+            indexes = {index["name"] for index in inspect(connection).get_indexes("score")}
+    finally:
+        engine.dispose()
+    assert "ix_score_ranked" in indexes
+    if db_url.startswith("sqlite"):
+        # The rebuilt table is the table a new database gets.
+        fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+        Store.open(fresh).close()
+        assert sqlite_schema(db_url) == sqlite_schema(fresh)
+    # Opening again finds nothing to replace.
+    Store.open(db_url).close()
+    assert score_checks(db_url) == {NEW_CHECK}
+
+
+def test_a_read_only_open_reads_it_as_it_is(db_url: str) -> None:
+    old_release_database(db_url)
+    with Store.open(db_url, read_only=True) as store:
+        best = store.summary(1).best
+        assert best == {"a": {"score": 1.0, "raw": 10.0, "program_id": 1}}
+        assert [p.id for p in store.programs(1)] == [1, 2]
+    assert score_checks(db_url) == {OLD_CHECK}
+
+
+def test_two_processes_upgrading_at_once_both_open_it(db_url: str) -> None:
+    old_release_database(db_url)
+    failures: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def open_it() -> None:
+        try:
+            start.wait()
+            Store.open(db_url).close()
+        except BaseException as exc:  # reported below; a thread cannot fail the test itself
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert score_checks(db_url) == {NEW_CHECK}
+    with Store.open(db_url, read_only=True) as store:
+        assert [p.id for p in store.programs(1)] == [1, 2]
