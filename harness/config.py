@@ -30,6 +30,7 @@ STRATEGIES = ("evolve", "best-of-n")
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
+OLD_LOGPROBS = ("auto", "sampler", "recompute")
 # The two groups of flags in `vpo run --help`.
 SETTINGS = "settings (override the config file and the stored campaign)"
 TRAINING = "training (VPO inside the campaign)"
@@ -81,6 +82,11 @@ class TrainSettings:
     dirichlet_alpha: float = 1.0
     micro_batch: int = 8  # rollouts per forward/backward pass
     temperature: float = 1.0  # what the rollouts were sampled at: log-probs are of logits / T
+    top_p: float = 1.0  # the nucleus they were sampled with (the PPO ratio compares the same)
+    # The PPO ratio's old log-probs: "auto" (the sampler's where a rollout has them, so the clip
+    # acts on groups an older policy version sampled; recomputed elsewhere), "sampler" (required)
+    # or "recompute" (the current weights': ratio 1, the clip never acts).
+    old_logprobs: str = "auto"
     sequence_tokens: int = 4096  # longest prompt + completion trained on; longer is cut
     seed: int = 0
     # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
@@ -205,6 +211,11 @@ class CampaignConfig:
         "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
         group=TRAINING,
     )
+    old_logprobs: str = setting(
+        TrainSettings.old_logprobs,
+        "the PPO ratio's old log-probs: auto, sampler or recompute ({default})",
+        group=TRAINING,
+    )
     policy_dir: str | None = setting(
         None, "where policy versions are saved (default: beside the database)", group=TRAINING
     )
@@ -247,6 +258,7 @@ class CampaignConfig:
             "duplicate_reward",
             " or ".join(DUPLICATE_REWARDS),
         )
+        _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         if self.train_every:
             if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
                 _require(
@@ -276,6 +288,8 @@ class CampaignConfig:
             dirichlet_alpha=self.dirichlet_alpha,
             micro_batch=self.micro_batch,
             temperature=trained_temperature(self.temperature),
+            top_p=self.top_p,
+            old_logprobs=self.old_logprobs,
             sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
             seed=self.seed,
             duplicate_reward=self.duplicate_reward,

@@ -184,6 +184,7 @@ class TrainingRollout:
     candidates: tuple[dict[str, float] | None, ...]
     # Per candidate: whether it repeated its parent or a program stored before its iteration.
     lazy: tuple[bool, ...] = ()
+    sampled_step: int | None = None  # the policy version (step) that sampled it; 0: the base
 
 
 @dataclass(frozen=True)

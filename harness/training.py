@@ -81,6 +81,8 @@ def load_policy(
         loss=LossConfig(beta=settings.kl_beta),
         micro_batch=settings.micro_batch,
         temperature=settings.temperature,
+        top_p=settings.top_p,
+        old_logprobs=settings.old_logprobs,
         max_tokens=settings.sequence_tokens,
     )
     return policy, step
@@ -357,7 +359,7 @@ def train_offline(
     groups = [
         g
         for g in (
-            to_group(t, objectives, candidates, settings.training.duplicate_reward)
+            to_group(t, objectives, candidates, settings.training.duplicate_reward, versions=False)
             for t in store.training_groups(campaign_id)
         )
         if g is not None
@@ -428,13 +430,19 @@ def refuse_sharding() -> None:
 
 
 def to_group(
-    stored: TrainingGroup, objectives: list[str], candidates: int, duplicate_reward: str = "zero"
+    stored: TrainingGroup,
+    objectives: list[str],
+    candidates: int,
+    duplicate_reward: str = "zero",
+    *,
+    versions: bool = True,
 ) -> Group | None:
     """The (G, m, d) score matrix and mask of a stored group; slots without a program are
     masked out, so they never enter the max (a failed program's zeros are kept: per-objective
     partial credit is part of the vector reward). With `duplicate_reward` "zero", a lazy
     candidate (its parent or a stored program repeated) scores zeros; its stored evaluation is
-    untouched."""
+    untouched. `versions` off: the trained policy's steps are not the campaign's policy versions
+    (offline training starts a model of its own), so the rollouts' versions are left out."""
     from trainer.train import Group, Rollout
 
     if not stored.rollouts:
@@ -450,7 +458,12 @@ def to_group(
             if not (lazy and duplicate_reward == "zero"):
                 scores[i, j] = [slot.get(name, 0.0) for name in objectives]
     return Group(
-        rollouts=[Rollout(r.prompt_token_ids, r.token_ids, r.logprobs) for r in stored.rollouts],
+        rollouts=[
+            Rollout(
+                r.prompt_token_ids, r.token_ids, r.logprobs, r.sampled_step if versions else None
+            )
+            for r in stored.rollouts
+        ],
         scores=scores,
         mask=mask,
     )

@@ -219,6 +219,11 @@ def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_
             "tokens_per_second",
         ):
             assert key in policy.metrics
+        # vLLM reported every rollout's log-probs: the ratio's old log-probs are the sampler's.
+        assert policy.metrics["sampler_fraction"] == 1.0
+    # Step 1 trained groups 0 and 1, sampled by the weights it started from; step 2 groups 2
+    # (the base model's) and 3 (version 1's), from version 1: one of them one version stale.
+    assert [p.metrics["staleness"] for p in policies] == [0.0, 0.5]
     assert summary_json(store, campaign_id)["policy_versions"] == 2
     assert Path(policies[0].path).parent == tmp_path / "campaign.policies" / "circle_packing"
 

@@ -37,6 +37,7 @@ from harness.llm.transformers_backend import (
     sampling_logprobs,
 )
 from trainer import models
+from trainer.logprobs import token_batch, token_logprobs
 from trainer.models import ModelError, load_tokenizer, resolve_model
 
 PROMPTS = [
@@ -157,6 +158,26 @@ def assert_logprobs_match(
     # once in a while; the bulk must agree tightly.
     assert differences[len(differences) // 2] < tolerance, differences[-5:]
     assert differences[int(0.98 * len(differences))] < 20 * tolerance, differences[-5:]
+
+
+def assert_trainer_agrees(
+    model: Any, completions: list[Completion], sampling: Sampling, tolerance: float
+) -> None:
+    """The log-probs the trainer's PPO ratio compares with the sampler's (trainer/logprobs.py:
+    logits / T, renormalised to the top-p nucleus) are the ones the backend reported, so the
+    ratio of a group the same weights sampled is 1."""
+    rows = [
+        (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
+        for c in completions
+    ]
+    batch = token_batch(rows, device=model.device)
+    with torch.inference_mode():
+        values, mass = token_logprobs(model, batch, sampling.temperature, sampling.top_p)
+    assert mass is not None  # top_p < 1 in these samplings
+    gaps = (values - mass - batch["sampler_logprobs"]).abs()[batch["completion_mask"]]
+    gaps = gaps.sort().values
+    assert gaps[len(gaps) // 2] < tolerance, gaps[-5:]
+    assert gaps[int(0.98 * len(gaps))] < 20 * tolerance, gaps[-5:]
 
 
 # --- make_generator and model resolution -------------------------------------------------------
@@ -362,6 +383,7 @@ def test_transformers_generates_with_smollm2(
     groups = smollm2.generate(PROMPTS, 3, SAMPLING)
     flat = check_completions(groups, 3, tokenizer, SAMPLING)
     assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=1e-3)
+    assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=1e-3)
 
 
 # --- vllm backend, in-process -----------------------------------------------------------------
@@ -384,6 +406,7 @@ def test_vllm_generates_with_smollm2(
     flat = check_completions(groups, 3, tokenizer, SAMPLING)
     # processed_logprobs: vLLM reports the same distribution the transformers sampler draws from.
     assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
+    assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
     assert len({c.token_ids for c in groups[0]}) > 1  # the n samples of one seed differ
 
 
@@ -438,6 +461,7 @@ def test_openai_generates_with_smollm2_from_vllm_serve(
         flat = check_completions(groups, 3, tokenizer, SAMPLING)
         assert all(c.prompt_token_ids is not None for c in flat)
         assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
+        assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
         # No check that a seed repeats here: on a CPU with AMX, a repeated request to this
         # server diverged now and then after a few tokens (fp32 included). That the seeds are
         # sent is checked against the scripted server below.

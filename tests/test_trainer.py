@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.logprobs import completion_logprobs, token_batch
 from trainer.loss import LossConfig, policy_loss
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import (
     Group,
     Rollout,
     TrainConfig,
-    _batch,
-    completion_logprobs,
     compute_advantages,
     pool_diversity,
     train_step,
@@ -93,8 +92,11 @@ def corner_group(prompt: list[int], completions: list[list[int]]) -> Group:
 def test_groups_refuse_bad_shapes_and_values() -> None:
     with pytest.raises(ValueError, match="scores"):
         Group([Rollout([1], [2])], np.zeros((1, 2)), np.ones((1, 2), dtype=bool))
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        Group([Rollout([1], [2])], np.full((1, 1, 1), 2.0), np.ones((1, 1), dtype=bool))
+    for bad in (-0.1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            Group([Rollout([1], [2])], np.full((1, 1, 1), bad), np.ones((1, 1), dtype=bool))
+    # Above 1 is a score beyond the best known value: a record, and a valid reward.
+    Group([Rollout([1], [2])], np.full((1, 1, 1), 1.3), np.ones((1, 1), dtype=bool))
     with pytest.raises(ValueError, match="rollouts"):
         Group([], np.zeros((1, 1, 1)), np.ones((1, 1), dtype=bool))
 
@@ -140,9 +142,9 @@ def test_completion_logprobs_match_a_plain_forward_pass(tiny_model: str) -> None
     group = tiny_groups(policy, 1)[0]
     config = TrainConfig(logit_chunk=3, temperature=0.7)
     rows = [(list(r.prompt_ids), list(r.completion_ids), None) for r in group.rollouts]
-    batch = _batch(rows, policy, config)
+    batch = token_batch(rows, device=policy.device)
     with torch.no_grad():
-        chunked = completion_logprobs(policy.model, batch, config)
+        chunked = completion_logprobs(policy.model, batch, config.temperature, config.logit_chunk)
         for row, (prompt, completion, _) in enumerate(rows):
             ids = torch.tensor([prompt + completion])
             logits = policy.model(ids).logits[0, len(prompt) - 1 : -1] / 0.7
@@ -156,9 +158,9 @@ def test_a_step_moves_the_weights_and_favours_the_diverse_rollout(tiny_model: st
     before = weights_of(policy)
     config = TrainConfig(micro_batch=3, logit_chunk=4)
     rows = [(list(r.prompt_ids), list(r.completion_ids), None) for r in groups[0].rollouts]
-    batch = _batch(rows, policy, config)
+    batch = token_batch(rows, device=policy.device)
     with torch.no_grad():
-        old = completion_logprobs(policy.model, batch, config)
+        old = completion_logprobs(policy.model, batch, config.temperature, config.logit_chunk)
     metrics = train_step(policy, groups, config, generator=torch.Generator().manual_seed(0))
     after = weights_of(policy)
     assert any(not torch.equal(before[k], after[k]) for k in before)
@@ -169,7 +171,7 @@ def test_a_step_moves_the_weights_and_favours_the_diverse_rollout(tiny_model: st
     assert metrics.diversity > 0
     assert math.isfinite(metrics.loss) and metrics.kl == pytest.approx(0.0, abs=1e-6)
     with torch.no_grad():
-        new = completion_logprobs(policy.model, batch, config)
+        new = completion_logprobs(policy.model, batch, config.temperature, config.logit_chunk)
     # The rollout covering both corners gained probability; the compromises lost it.
     gain = ((new - old) * batch["completion_mask"]).sum(dim=1)
     assert gain[0] > 0 and (gain[1:] < 0).all()
@@ -188,15 +190,15 @@ def test_single_candidate_baselines_train_towards_the_best_rollout(
     single = Group(group.rollouts, scores, np.ones((len(group.rollouts), 1), dtype=bool))
     config = TrainConfig(advantage=advantage, loss=LossConfig(beta=0.0))
     rows = [(list(r.prompt_ids), list(r.completion_ids), None) for r in single.rollouts]
-    batch = _batch(rows, policy, config)
+    batch = token_batch(rows, device=policy.device)
     with torch.no_grad():
-        old = completion_logprobs(policy.model, batch, config)
+        old = completion_logprobs(policy.model, batch, config.temperature, config.logit_chunk)
     before = weights_of(policy)
     metrics = train_step(policy, [single], config, generator=torch.Generator().manual_seed(1))
     assert math.isfinite(metrics.loss) and metrics.zero_std_fraction == 0.0
     assert any(not torch.equal(before[k], v) for k, v in weights_of(policy).items())
     with torch.no_grad():
-        new = completion_logprobs(policy.model, batch, config)
+        new = completion_logprobs(policy.model, batch, config.temperature, config.logit_chunk)
     gain = ((new - old) * batch["completion_mask"]).sum(dim=1)
     assert gain[0] > 0 and (gain[1:] < 0).all()
 

@@ -2,7 +2,8 @@
 
 Every estimator takes the same two tensors and returns the same two:
 
-    scores  (B, G, m, d)  reward vectors in [0, 1] of the m candidates of G rollouts of B prompts
+    scores  (B, G, m, d)  reward vectors (>= 0, 1 = the best known) of the m candidates of G
+                          rollouts of B prompts
     mask    (B, G, m)     True for real candidates; missing, unparsed or failed ones are False
     ->  advantages (B, G), rewards (B, G)   one advantage per rollout, and the scalar it came from
 

@@ -50,6 +50,7 @@ class LossParts:
     kl: float
     entropy: float
     clipped: float  # tokens whose ratio left [1 - clip, 1 + clip]
+    ratio: float  # the sum of the ratios
     tokens: int
 
 
@@ -102,6 +103,7 @@ def policy_loss(
         kl=float(kl_sum.detach()),
         entropy=float(entropy_sum.detach()),
         clipped=float((outside * mask).sum()),
+        ratio=float((ratio.detach() * mask).sum()),
         tokens=tokens,
     )
     return loss, parts

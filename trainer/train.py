@@ -4,11 +4,14 @@
 
 A step stacks the groups' reward matrices into (B, G, m, d) (groups of another shape form their
 own batch), computes one advantage per rollout, and runs the policy loss over every completion
-token in micro-batches whose gradients add up to one optimiser step. The log-probs of the
-completion tokens are computed from the last hidden states chunk by chunk, each chunk
-recomputed in the backward pass (the 49k-vocabulary logits of SmolLM2 would otherwise dominate
-memory: 8 x 256 tokens of them are 400 MB in fp32, and autograd would keep them all for the
-backward pass).
+token in micro-batches whose gradients add up to one optimiser step (the log-probs come from
+trainer/logprobs.py).
+
+The PPO ratio's old log-probs are the sampler's own, where the backend reported them: a group
+sampled by an older policy version (one step old inside a campaign that trains while the next
+batch generates; many for workers and `vpo train --follow`) then has a ratio away from 1 and the
+clip acts on it. Where a rollout has none, they are recomputed by the current weights (ratio 1)
+and the step's `sampler_fraction` says how many had them.
 
 This module knows nothing of the harness or the database: groups come in as token lists and
 score arrays. It runs the same under `accelerate launch` on several devices (started through
@@ -26,13 +29,16 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
+from trainer.logprobs import completion_logprobs, cut, token_batch, token_logprobs
 from trainer.loss import LossConfig, policy_loss
 from trainer.policy import Policy
 
 ADVANTAGES = tuple(ESTIMATORS)
+OLD_LOGPROBS = ("auto", "sampler", "recompute")
+# At or below this temperature sampling was greedy: the sampler's log-probs are not of logits / T.
+GREEDY = 1e-3
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class Rollout:
     prompt_ids: Sequence[int]
     completion_ids: Sequence[int]
     logprobs: Sequence[float] | None = None  # the sampler's, where the backend gave them
+    version: int | None = None  # the policy step that sampled it, where known (0: the base)
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class Group:
     """G rollouts of one prompt and the reward vectors of their candidates."""
 
     rollouts: Sequence[Rollout]
-    scores: np.ndarray  # (G, m, d) in [0, 1]
+    scores: np.ndarray  # (G, m, d), >= 0 (1 = the best known value; above 1 beats it)
     mask: np.ndarray  # (G, m) True for candidates that exist, parsed and were evaluated
 
     def __post_init__(self) -> None:
@@ -62,8 +69,8 @@ class Group:
             )
         if len(self.rollouts) != scores.shape[0]:
             raise ValueError(f"{len(self.rollouts)} rollouts but {scores.shape[0]} score rows")
-        if not np.all((scores >= 0) & (scores <= 1)):
-            raise ValueError("scores must lie in [0, 1]")
+        if not np.all((scores >= 0) & np.isfinite(scores)):
+            raise ValueError("scores must be finite and >= 0")
         object.__setattr__(self, "scores", scores)
         object.__setattr__(self, "mask", mask)
 
@@ -78,14 +85,19 @@ class TrainConfig:
     micro_batch: int = 8  # rollouts per forward/backward
     logit_chunk: int = 2048  # completion tokens per chunk of the vocabulary projection
     temperature: float = 1.0  # the sampling temperature: log-probs are of logits / T
-    old_logprobs: str = "recompute"  # or "sampler": the backend's, where every rollout has them
+    top_p: float = 1.0  # the sampling nucleus: the ratio compares top-p renormalised log-probs
+    # The ratio's old log-probs: "auto" the sampler's where a rollout has them, else recomputed;
+    # "sampler" the sampler's, every rollout must have them; "recompute" the current weights'.
+    old_logprobs: str = "auto"
     max_tokens: int = 4096  # longest prompt + completion trained on; longer is cut at the end
 
     def __post_init__(self) -> None:
         if self.advantage not in ESTIMATORS:
             raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
-        if self.old_logprobs not in ("recompute", "sampler"):
-            raise ValueError("old_logprobs must be 'recompute' or 'sampler'")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            raise ValueError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.micro_batch < 1 or self.logit_chunk < 1 or self.num_weights < 1:
             raise ValueError("micro_batch, logit_chunk and num_weights must be >= 1")
         if not self.temperature > 0:
@@ -101,7 +113,13 @@ class StepMetrics:
     loss: float
     policy_loss: float
     kl: float
-    clip_fraction: float
+    clip_fraction: float  # completion tokens whose ratio left [1 - clip, 1 + clip]
+    mean_ratio: float  # token mean of pi_theta / pi_old over the step
+    sampler_fraction: float  # rollouts whose old log-probs are the sampler's (else recomputed)
+    staleness: float | None  # mean policy versions between sampling and this step, where known
+    # Token mean |log mu_theta - sampler| over rollouts the current weights sampled: how far the
+    # trainer's and the backend's log-probs of the same distribution are apart (rounding, kernels).
+    fresh_gap: float | None
     grad_norm: float
     set_score: float  # mean over rollouts of the scalar the advantage came from
     zero_std_fraction: float  # groups whose advantages are all zero
@@ -114,10 +132,12 @@ class StepMetrics:
         return asdict(self)
 
     def line(self) -> str:
+        stale = "" if self.staleness is None else f" | stale {self.staleness:.1f}"
         return (
             f"step {self.step} | loss {self.loss:+.4f} | kl {self.kl:.2e} | set score "
             f"{self.set_score:.3f} | zero-std {self.zero_std_fraction:.0%} | diversity "
-            f"{self.diversity:.3f} | {self.tokens_per_second:.0f} tok/s"
+            f"{self.diversity:.3f} | ratio {self.mean_ratio:.3f} clip {self.clip_fraction:.1%} "
+            f"({self.sampler_fraction:.0%} sampler){stale} | {self.tokens_per_second:.0f} tok/s"
         )
 
 
@@ -206,11 +226,17 @@ def train_step(
     started = time.perf_counter()
     advantages = compute_advantages(groups, config, generator)
     rollouts = [rollout for group in groups for rollout in group.rollouts]
-    if config.old_logprobs == "sampler":
-        missing = sum(1 for r in rollouts if r.logprobs is None)
+    rows = [cut(r.prompt_ids, r.completion_ids, r.logprobs, config.max_tokens) for r in rollouts]
+    if config.old_logprobs == "recompute" or config.temperature <= GREEDY:
+        # Greedy samples' log-probs are not of logits / T: nothing to compare them with.
+        rows = [(prompt, completion, None) for prompt, completion, _ in rows]
+    elif config.old_logprobs == "sampler":
+        missing = sum(1 for _, _, logprobs in rows if logprobs is None)
         if missing:
-            raise ValueError(f"old_logprobs='sampler' but {missing} rollouts have no log-probs")
-    rows = [_cut(r, config.max_tokens) for r in rollouts]
+            raise ValueError(
+                f"old_logprobs='sampler' but {missing} rollouts have no log-probs for every "
+                "completion token (or were sampled greedily)"
+            )
     local_tokens = sum(len(completion) for _, completion, _ in rows)
     processes = getattr(accelerator, "num_processes", 1)
     total_tokens = local_tokens
@@ -226,17 +252,34 @@ def train_step(
     policy.optimizer.zero_grad(set_to_none=True)
     # Longest first and similar lengths together: less padding in each micro-batch.
     order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
-    sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0}
+    sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
+    gap, gap_tokens = 0.0, 0
     for start in range(0, len(order), config.micro_batch):
         chosen = order[start : start + config.micro_batch]
-        batch = _batch([rows[i] for i in chosen], policy, config)
+        batch = token_batch(
+            [rows[i] for i in chosen], policy.tokenizer.pad_token_id or 0, policy.device
+        )
         with policy.autocast():
-            logprobs = completion_logprobs(model, batch, config)
+            logprobs, log_mass = token_logprobs(
+                model, batch, config.temperature, config.top_p, config.logit_chunk
+            )
         ref = None
         if policy.has_reference and config.loss.beta > 0:
             with torch.no_grad(), policy.reference_model() as reference, policy.autocast():
-                ref = completion_logprobs(reference, batch, config)
-        old = batch["sampler_logprobs"] if config.old_logprobs == "sampler" else logprobs
+                ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
+        # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
+        # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
+        sampled = batch["sampler_logprobs"]
+        if log_mass is not None:
+            sampled = sampled + log_mass
+        has = batch["has_sampler"].unsqueeze(-1)
+        old = torch.where(has, sampled, logprobs.detach())
+        fresh = has & batch["completion_mask"]
+        fresh &= torch.tensor(
+            [rollouts[i].version == policy.step for i in chosen], device=fresh.device
+        ).unsqueeze(-1)
+        gap += float(((logprobs.detach() - old).abs() * fresh).sum())
+        gap_tokens += int(fresh.sum())
         values = torch.tensor(
             [advantages.per_rollout[i] for i in chosen],
             dtype=logprobs.dtype,
@@ -244,7 +287,7 @@ def train_step(
         )
         loss, parts = policy_loss(
             logprobs,
-            old.detach(),
+            old,
             values,
             batch["completion_mask"],
             ref_logprobs=ref,
@@ -256,6 +299,7 @@ def train_step(
         sums["policy"] += parts.policy
         sums["kl"] += parts.kl
         sums["clipped"] += parts.clipped
+        sums["ratio"] += parts.ratio
     parameters = policy.trainable_parameters()
     if processes > 1:
         for parameter in parameters:
@@ -284,6 +328,10 @@ def train_step(
         policy_loss=sums["policy"] / max(local_tokens, 1),
         kl=sums["kl"] / max(local_tokens, 1),
         clip_fraction=sums["clipped"] / max(local_tokens, 1),
+        mean_ratio=sums["ratio"] / max(local_tokens, 1),
+        sampler_fraction=sum(1 for row in rows if row[2] is not None) / max(len(rows), 1),
+        staleness=_staleness(rollouts, policy.step - 1),
+        fresh_gap=gap / gap_tokens if gap_tokens else None,
         grad_norm=grad_norm,
         set_score=float(np.mean(advantages.rewards)) if advantages.rewards else 0.0,
         zero_std_fraction=advantages.zero_std_groups / len(groups),
@@ -294,108 +342,8 @@ def train_step(
     )
 
 
-def completion_logprobs(model: Any, batch: dict[str, Tensor], config: TrainConfig) -> Tensor:
-    """(N, C) log-probs of the completion tokens under `model` at the sampling temperature."""
-    backbone, head = _backbone_and_head(model)
-    hidden = backbone(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-    ).last_hidden_state
-    # The state at position p predicts token p + 1: gather the ones that predict completions.
-    index = batch["predict_positions"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-    states = hidden.gather(1, index)  # (N, C, H)
-    targets = batch["completion_ids"]
-    flat_states = states.reshape(-1, states.shape[-1])
-    flat_targets = targets.reshape(-1)
-    pieces = []
-    chunked = flat_states.shape[0] > config.logit_chunk
-    for start in range(0, flat_states.shape[0], config.logit_chunk):
-        chunk = slice(start, start + config.logit_chunk)
-        # Recomputing a chunk in the backward pass frees its logits meanwhile; with one chunk
-        # there is nothing to free and the recomputation would be wasted.
-        if chunked and torch.is_grad_enabled():
-            piece = checkpoint(
-                _chunk_logprobs,
-                head,
-                flat_states[chunk],
-                flat_targets[chunk],
-                config.temperature,
-                use_reentrant=False,
-            )
-        else:
-            piece = _chunk_logprobs(
-                head, flat_states[chunk], flat_targets[chunk], config.temperature
-            )
-        pieces.append(piece)
-    return torch.cat(pieces).reshape(targets.shape).float()
-
-
-def _chunk_logprobs(head: Any, states: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    logits = head(states).float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logits.log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-
-
-def _backbone_and_head(model: Any) -> tuple[Any, Any]:
-    """The decoder (hidden states, no logits) and the vocabulary projection of a causal LM,
-    through a peft wrapper if there is one."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings()
-    backbone = base.get_decoder() if hasattr(base, "get_decoder") else None
-    if backbone is None or head is None:
-        raise ValueError(f"{type(base).__name__} exposes no decoder and output embeddings")
-    if getattr(base.config, "final_logit_softcapping", None):
-        raise ValueError(f"{type(base).__name__} soft-caps its logits, which is not supported")
-    return backbone, head
-
-
-def _cut(rollout: Rollout, max_tokens: int) -> tuple[list[int], list[int], list[float] | None]:
-    prompt = list(rollout.prompt_ids)
-    completion = list(rollout.completion_ids)
-    logprobs = None if rollout.logprobs is None else list(rollout.logprobs)
-    room = max(max_tokens - len(prompt), 0)
-    if len(completion) > room:
-        completion = completion[:room]
-        logprobs = None if logprobs is None else logprobs[:room]
-    if not prompt:
-        raise ValueError("a rollout needs its prompt tokens to be trained on")
-    return prompt, completion, logprobs
-
-
-def _batch(
-    rows: Sequence[tuple[list[int], list[int], list[float] | None]],
-    policy: Policy,
-    config: TrainConfig,
-) -> dict[str, Tensor]:
-    """Right-padded prompt + completion rows, and where each completion token is predicted."""
-    pad = policy.tokenizer.pad_token_id or 0
-    width = max(len(p) + len(c) for p, c, _ in rows)
-    longest = max(max(len(c) for _, c, _ in rows), 1)
-    n = len(rows)
-    input_ids = torch.full((n, width), pad, dtype=torch.long)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    completion_ids = torch.zeros((n, longest), dtype=torch.long)
-    completion_mask = torch.zeros((n, longest), dtype=torch.bool)
-    positions = torch.zeros((n, longest), dtype=torch.long)
-    sampler = torch.zeros((n, longest), dtype=torch.float32)
-    for row, (prompt, completion, logprobs) in enumerate(rows):
-        length = len(prompt) + len(completion)
-        input_ids[row, :length] = torch.tensor(prompt + completion)
-        attention[row, :length] = 1
-        if completion:
-            completion_ids[row, : len(completion)] = torch.tensor(completion)
-            completion_mask[row, : len(completion)] = True
-            positions[row, : len(completion)] = torch.arange(
-                len(prompt) - 1, len(prompt) - 1 + len(completion)
-            )
-        if logprobs is not None:
-            sampler[row, : len(logprobs)] = torch.tensor(logprobs)
-    device = policy.device
-    return {
-        "input_ids": input_ids.to(device),
-        "attention_mask": attention.to(device),
-        "completion_ids": completion_ids.to(device),
-        "completion_mask": completion_mask.to(device),
-        "predict_positions": positions.to(device),
-        "sampler_logprobs": sampler.to(device),
-    }
+def _staleness(rollouts: Sequence[Rollout], trained: int) -> float | None:
+    """Mean policy versions between each rollout's sampling and the weights step `trained + 1`
+    started from, over the rollouts whose version is known."""
+    known = [trained - r.version for r in rollouts if r.version is not None]
+    return float(np.mean(known)) if known else None

@@ -22,6 +22,7 @@ from harness.config import (
     DUPLICATE_REWARDS,
     FOLLOW_EVERY,
     LORA_LEARNING_RATE,
+    OLD_LOGPROBS,
     AnswerSettings,
     OfflineSettings,
     TrainSettings,
@@ -91,6 +92,13 @@ def add_commands(commands: Any) -> None:
         help="zero or keep: the reward of a candidate repeating its parent or a stored program "
         "(default: the "
         f"campaign's with --follow, else {TrainSettings.duplicate_reward})",
+    )
+    p.add_argument(
+        "--old-logprobs",
+        dest="old_logprobs",
+        default=None,
+        help="auto, sampler or recompute: the PPO ratio's old log-probs (default: the "
+        "campaign's with --follow, else recompute: an offline model is not the one that sampled)",
     )
     p.add_argument("--seed", type=int, default=TrainSettings.seed)
     _add_follow_flags(p.add_argument_group("with --db --follow (beside `vpo worker` processes)"))
@@ -196,6 +204,10 @@ def _checked_out(args: argparse.Namespace) -> Path:
             f"--duplicate-reward must be {' or '.join(DUPLICATE_REWARDS)}, "
             f"not {args.duplicate_reward!r}"
         )
+    if args.old_logprobs not in (None, *OLD_LOGPROBS):
+        raise UserError(
+            f"--old-logprobs must be {', '.join(OLD_LOGPROBS)}, not {args.old_logprobs!r}"
+        )
     if args.advantage not in ADVANTAGES:
         raise UserError(
             f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
@@ -236,6 +248,7 @@ def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
             micro_batch=args.micro_batch,
             seed=args.seed,
             duplicate_reward=args.duplicate_reward,
+            old_logprobs=args.old_logprobs,
         ),
     )
     if args.learning_rate is None and settings.lora:
@@ -251,7 +264,14 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
     from harness.training import train_offline
 
     stored = build(campaign.config, where="the campaign's settings")
-    base = TrainSettings(model=stored.model, temperature=trained_temperature(stored.temperature))
+    # An offline pass trains a model of its own: the campaign's rollouts were sampled by other
+    # weights, so its ratio starts at 1 unless --old-logprobs says otherwise.
+    base = TrainSettings(
+        model=stored.model,
+        temperature=trained_temperature(stored.temperature),
+        top_p=stored.top_p,
+        old_logprobs="recompute",
+    )
     settings = OfflineSettings(
         out=out,
         training=_training(args, base),
@@ -284,6 +304,7 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
         "learning_rate": args.learning_rate,
         "kl_beta": args.kl_beta,
         "duplicate_reward": args.duplicate_reward,
+        "old_logprobs": args.old_logprobs,
         "policy_dir": None if args.out is None else str(Path(args.out).resolve()),
     }
     if args.lora:

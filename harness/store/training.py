@@ -59,7 +59,9 @@ class Training(Database):
                     TRAJECTORY.c.token_ids,
                     TRAJECTORY.c.logprobs,
                     TRAJECTORY.c.candidates,
+                    POLICY.c.step,
                 )
+                .outerjoin(POLICY, POLICY.c.id == TRAJECTORY.c.policy_version_id)
                 .where(TRAJECTORY.c.group_id.in_([g.id for g in groups]))
                 .order_by(TRAJECTORY.c.group_id, TRAJECTORY.c.position)
             ).all()
@@ -182,6 +184,8 @@ def _training_rollout(
         prompt_token_ids=prompt_token_ids,
         token_ids=tuple(row.token_ids),
         logprobs=None if row.logprobs is None else tuple(row.logprobs),
+        # No policy version: the model the campaign started from, step 0.
+        sampled_step=0 if row.step is None else row.step,
         candidates=tuple(
             None if slot.get("program_id") is None else scores.get(slot["program_id"], {})
             for slot in slots

@@ -1,0 +1,143 @@
+"""The PPO ratio against the sampler's own log-probs: 1 on a group the current weights sampled,
+away from 1 (and clipped) on a group an older policy version sampled."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from harness.llm.base import Completion, Sampling
+from harness.llm.transformers_backend import TransformersGenerator, sampling_logprobs
+from trainer.logprobs import nucleus_log_mass, token_batch, token_logprobs
+from trainer.loss import LossConfig
+from trainer.policy import Policy, PolicyConfig
+from trainer.train import Group, Rollout, TrainConfig, train_step
+
+MESSAGES = [
+    [{"role": "user", "content": "Write a function that packs circles."}],
+    [{"role": "user", "content": "Say something short."}],
+]
+SAMPLING = Sampling(temperature=0.7, top_p=0.9, max_tokens=12, seed=5)
+STEP = TrainConfig(temperature=0.7, top_p=0.9, loss=LossConfig(beta=0.0), micro_batch=4)
+
+
+@pytest.mark.parametrize("vocab", [50, 3000])  # 3000: the nucleus can reach past 1024 tokens
+@pytest.mark.parametrize("top_p", [0.3, 0.9, 0.999])
+def test_nucleus_mass_is_what_the_sampler_renormalises_by(vocab: int, top_p: float) -> None:
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    logits[0] *= 0.01  # nearly flat: the nucleus holds most of the vocabulary
+    logp = (logits / 0.7).log_softmax(-1)
+    sampled = sampling_logprobs(logits, 0.7, top_p)  # the transformers sampler's distribution
+    kept = torch.isfinite(sampled)
+    shifted = logp - nucleus_log_mass(logp, top_p).unsqueeze(-1)
+    assert torch.allclose(shifted[kept], sampled[kept], atol=1e-5)
+
+
+def group_of(completions: list[Completion], version: int | None, rng: np.random.Generator) -> Group:
+    rollouts = [
+        Rollout(c.prompt_token_ids or (), c.token_ids, c.logprobs, version) for c in completions
+    ]
+    scores = rng.uniform(0.0, 1.0, size=(len(rollouts), 2, 2))
+    return Group(rollouts, scores, np.ones((len(rollouts), 2), dtype=bool))
+
+
+def sample(policy: Policy, n: int, seed: int) -> list[list[Completion]]:
+    generator = TransformersGenerator("tiny", hf_model=policy.model, tokenizer=policy.tokenizer)
+    return generator.generate(MESSAGES, n, replace(SAMPLING, seed=seed))
+
+
+@pytest.fixture
+def policy(tiny_model: str) -> Policy:
+    # fp32 (no autocast), as the sampler that shares its weights computes: bf16 rounding would be
+    # larger than what the fresh-group checks look for.
+    policy = Policy.load(tiny_model, PolicyConfig(lr=3e-2, reference=False))
+    policy.autocast_dtype = torch.float32
+    return policy
+
+
+def test_a_fresh_group_has_ratio_one_and_nothing_clipped(policy: Policy) -> None:
+    rng = np.random.default_rng(0)
+    groups = [group_of(c, 0, rng) for c in sample(policy, 4, seed=1)]
+    metrics = train_step(policy, groups, STEP, generator=torch.Generator().manual_seed(0))
+    assert metrics.sampler_fraction == 1.0 and metrics.staleness == 0.0
+    assert metrics.fresh_gap is not None and metrics.fresh_gap < 1e-4
+    assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-4)
+    assert metrics.clip_fraction == 0.0
+
+
+def test_the_trainer_reads_the_distribution_the_sampler_reported(policy: Policy) -> None:
+    """Without the nucleus correction the trainer's log-probs sit below the sampler's by the
+    mass top-p cut off; with it they agree."""
+    completions = [c for group in sample(policy, 3, seed=2) for c in group]
+    rows = [
+        (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
+        for c in completions
+    ]
+    batch = token_batch(rows)
+    with torch.no_grad():
+        values, mass = token_logprobs(policy.model, batch, 0.7, 0.9)
+    assert mass is not None
+    real = batch["completion_mask"]
+    reported = batch["sampler_logprobs"]
+    assert ((values - mass - reported).abs() * real).max() < 1e-4
+    assert ((reported - values) * real).sum() > 0.01  # uncut, they would differ
+
+
+def test_a_group_two_versions_old_has_its_ratio_clipped(policy: Policy) -> None:
+    rng = np.random.default_rng(1)
+    old = [group_of(c, 0, rng) for c in sample(policy, 4, seed=3)]
+    for step in (1, 2):  # two steps on groups each version sampled itself
+        fresh = [group_of(c, step - 1, rng) for c in sample(policy, 4, seed=10 + step)]
+        train_step(policy, fresh, STEP, generator=torch.Generator().manual_seed(step))
+    assert policy.step == 2
+    before = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+    stale = train_step(policy, old, STEP, generator=torch.Generator().manual_seed(3))
+    assert stale.staleness == 2.0 and stale.sampler_fraction == 1.0 and stale.fresh_gap is None
+    assert abs(stale.mean_ratio - 1.0) > 1e-3
+    assert stale.clip_fraction > 0.0
+
+    # The same group with the old log-probs recomputed: ratio 1, the clip never acts (what every
+    # step did before the sampler's log-probs were used).
+    policy.model.load_state_dict(before)
+    policy.step = 2
+    recomputed = train_step(
+        policy,
+        old,
+        replace(STEP, old_logprobs="recompute"),
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert recomputed.sampler_fraction == 0.0
+    assert recomputed.mean_ratio == pytest.approx(1.0, abs=1e-6)
+    assert recomputed.clip_fraction == 0.0
+
+
+def test_rollouts_without_sampler_logprobs_are_recomputed(policy: Policy) -> None:
+    rng = np.random.default_rng(2)
+    completions = sample(policy, 4, seed=4)
+    with_logprobs = group_of(completions[0], 0, rng)
+    without = group_of([replace(c, logprobs=None) for c in completions[1]], None, rng)
+    metrics = train_step(policy, [with_logprobs, without], STEP)
+    assert metrics.sampler_fraction == 0.5
+    assert metrics.staleness == 0.0  # only the rollouts whose version is known count
+    with pytest.raises(ValueError, match="log-probs"):
+        train_step(policy, [without], replace(STEP, old_logprobs="sampler"))
+    # Greedy samples' log-probs are not of logits / T: recomputed even under "auto".
+    greedy = train_step(policy, [with_logprobs], TrainConfig(temperature=1e-3))
+    assert greedy.sampler_fraction == 0.0
+
+
+def test_a_log_prob_list_that_does_not_fit_the_completion_is_not_used(policy: Policy) -> None:
+    rng = np.random.default_rng(3)
+    group = group_of(sample(policy, 4, seed=6)[0], 0, rng)
+    broken: list[Any] = []
+    for index, rollout in enumerate(group.rollouts):
+        logprobs = list(rollout.logprobs or ())
+        logprobs = logprobs[:-1] if index == 0 else [*logprobs[:-1], math.nan]
+        broken.append(Rollout(rollout.prompt_ids, rollout.completion_ids, logprobs, 0))
+    metrics = train_step(policy, [Group(broken, group.scores, group.mask)], STEP)
+    assert metrics.sampler_fraction == 0.0
