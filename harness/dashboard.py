@@ -152,7 +152,7 @@ class CampaignView:
                 "tokens": cumulative,
                 "policy_steps": len(policies),
                 "best": {
-                    name: {"program_id": pid, "score": score, "raw": raw}
+                    name: views.with_record({"program_id": pid, "score": score, "raw": raw})
                     for name, points in self.records.items()
                     if points
                     for pid, _, score, raw in points[-1:]

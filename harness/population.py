@@ -72,7 +72,7 @@ class Population:
         return self._islands[: self._n]
 
     @property
-    def scores(self) -> np.ndarray:  # (N, d) float64 in [0, 1]
+    def scores(self) -> np.ndarray:  # (N, d) float64 >= 0, 1 = the best known, above = record
         return self._scores[: self._n]
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 
 from harness.parsing import Edit, fence_for, format_edits, format_full
 from harness.records import ProgramRecord
-from problems.api import Problem
+from problems.api import Problem, record_note
 
 DRAFT_CHARS = 4_000  # each draft, clipped in the middle beyond this
 FEEDBACK_CHARS = 2_000  # the parent's status, error and stderr tails
@@ -137,7 +137,8 @@ def _objectives_section(problem: Problem) -> str:
     lines = [
         "# Objectives",
         "",
-        "Each objective scores from 0 to 1, higher is better; 1 is the best known value.",
+        "Each objective scores 0 or more, higher is better; 1 is the best known value, and a "
+        "score above 1 beats it (1.02: 2% better).",
     ]
     for o in problem.objectives:
         goal = "maximise" if o.direction == "max" else "minimise"
@@ -161,9 +162,14 @@ def _scored_program(
 
 
 def _score(program: ProgramRecord, name: str) -> str:
+    """`n26 0.9000 (raw 2.372384772)`; a record says so: `n26 1.0200 (record: +2.0% over best
+    known; raw ...)`, since four decimals alone would hide a record by a hair."""
     score = program.scores.get(name, 0.0)
     raw = program.raw.get(name)
-    return f"{name} {score:.4f} (raw {raw:.10g})" if raw is not None else f"{name} {score:.4f}"
+    notes = "; ".join(
+        note for note in (record_note(score), None if raw is None else f"raw {raw:.10g}") if note
+    )
+    return f"{name} {score:.4f} ({notes})" if notes else f"{name} {score:.4f}"
 
 
 def _clip(code: str, limit: int) -> tuple[str, int]:

@@ -35,8 +35,10 @@ class SelectionConfig:
     """How the campaign picks parents, drafts and migrants.
 
     `top_k` programs best under the drawn w compete for parenthood, weighted by
-    exp(u / temperature); temperature 0 takes the best. Scores live in [0, 1], so the default
-    0.02 makes a program 0.05 below the best under w about 12 times less likely to be picked.
+    exp(u / temperature); temperature 0 takes the best. Scores are fractions of the best known
+    value (a record scores above 1, unclipped, so it wins over a tie with the record), and the
+    default 0.02 makes a program 0.05 below the best under w about 12 times less likely to be
+    picked.
     `migration_interval` 0 turns migration off.
     """
 

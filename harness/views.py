@@ -20,10 +20,13 @@ from harness.errors import UserError
 from harness.records import ProgramRecord
 from harness.selection import pareto_front
 from harness.store import Store
+from problems.api import record_note
 
 
 def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
-    """What `vpo status` shows: counts by aggregate query and the best value per objective."""
+    """What `vpo status` shows: counts by aggregate query and the best value per objective,
+    each with `record` ("record: +2.0% over best known") when it beats the best known value,
+    else None."""
     summary = store.summary(campaign_id)
     return {
         "programs": summary.programs,
@@ -34,8 +37,13 @@ def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
         "trajectories": summary.trajectories,
         "policy_versions": summary.policy_versions,
         "tokens": summary.tokens,
-        "best": summary.best,
+        "best": {name: with_record(best) for name, best in summary.best.items()},
     }
+
+
+def with_record(best: dict[str, Any]) -> dict[str, Any]:
+    """A best value ({"score", ...}) with its `record` note: None unless the score is above 1."""
+    return {**best, "record": record_note(best["score"])}
 
 
 def stats(store: Store, campaign_id: int) -> dict[str, Any]:
@@ -265,7 +273,13 @@ def plot(
     figure, axis = plt.subplots(figsize=(7, 4))
     counted = np.where(valid[:, None], scores, 0.0)
     for j, name in enumerate(objectives):
-        axis.plot(np.arange(1, len(ids) + 1), np.maximum.accumulate(counted[:, j]), label=name)
+        best = np.maximum.accumulate(counted[:, j])
+        note = record_note(float(best[-1])) if len(best) else None
+        label = name if note is None else f"{name} ({note})"
+        axis.plot(np.arange(1, len(ids) + 1), best, label=label)
+    if len(ids) and counted.max() > 1.0:
+        # Only with a record: otherwise the line would squash a curve far below it.
+        axis.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="best known value")
     axis.set(xlabel="programs evaluated", ylabel="best score", title="Best value per objective")
     written.append(_save(figure, axis, out / "best.png"))
 

@@ -35,7 +35,7 @@ def test_overview_draws_what_the_database_holds(client: TestClient) -> None:
     assert o["programs"] == 5 and o["valid_programs"] == 4 and o["iterations"] == 2
     assert o["counts"] == {"ok": 4, "invalid": 0, "error": 1, "timeout": 0}
     assert o["tokens"] == 9  # three rollouts of three tokens
-    assert o["best"]["a"] == {"program_id": 5, "score": 0.95, "raw": 9.5}
+    assert o["best"]["a"] == {"program_id": 5, "score": 0.95, "raw": 9.5, "record": None}
     assert o["best"]["b"]["program_id"] == 3
     # Records: each valid program that beat every earlier one, numbered among valid programs.
     assert o["records"]["a"] == [[1, 1, 0.5], [2, 2, 0.9], [4, 5, 0.95]]
@@ -78,6 +78,33 @@ def test_program_page_keeps_untrusted_code_as_data(client: TestClient, hostile_c
     missing = client.get("/api/programs/99")
     assert missing.status_code == 404 and "no program 99" in missing.json()["detail"]
     assert client.get("/api/overview?campaign=9").status_code == 404
+
+
+def test_a_record_above_the_best_known_is_drawn_as_one(database: str) -> None:
+    """Scores are not clipped at 1: a program 20% over the best known value on `a` is the best,
+    marked as a record, and tops the tables, live, over one that only matches it."""
+    reader = Store.open(database, read_only=True)
+    client = TestClient(create_app(reader))
+    try:
+        assert client.get("/api/overview").json()["best"]["a"]["record"] is None
+        with Store.open(database) as writer:
+            known = writer.add_program(1, NewProgram("x = 6\n", "ok", {"a": 1.0, "b": 1.0}, {}))
+            record = writer.add_program(1, NewProgram("x = 7\n", "ok", {"a": 1.2, "b": 1.0}, {}))
+        o = client.get("/api/overview").json()
+        assert o["best"]["a"] == {
+            "program_id": record,
+            "score": 1.2,
+            "raw": None,
+            "record": "record: +20.0% over best known",
+        }
+        assert o["best"]["b"] == {"program_id": known, "score": 1.0, "raw": None, "record": None}
+        assert o["records"]["a"][-2:] == [[5, known, 1.0], [6, record, 1.2]]
+        assert o["fronts"][0]["points"][0] == [record, 1.2, 1.0]
+        assert [r["id"] for r in client.get("/api/top?objective=a&n=2").json()] == [record, known]
+        assert client.get("/api/top?n=1").json()[0]["scores"] == {"a": 1.2, "b": 1.0}
+        assert client.get(f"/api/programs/{record}").json()["scores"] == {"a": 1.2, "b": 1.0}
+    finally:
+        reader.close()
 
 
 def test_page_runs_no_inline_script_and_serves_nothing_writable(client: TestClient) -> None:

@@ -149,6 +149,38 @@ def test_dashboard_in_chromium(
     )
     assert "6" in driver.find_element("id", "summary").text
 
+    # A record above the best known value (1): its card says so, the best-value plot draws the
+    # best known value to compare, and its scores are marked in the tables.
+    with Store.open(sqlite_database) as writer:
+        record = writer.add_program(
+            1, NewProgram("def f():\n    return 120\n", "ok", {"a": 1.2, "b": 0.5}, {})
+        )
+    note = _wait(
+        driver,
+        "the record's card",
+        "const n = document.querySelector('.card.record .note'); return n && n.textContent",
+    )
+    assert note == "record: +20.0% over best known"
+    assert (
+        driver.execute_script(
+            "return [...document.querySelectorAll('.plot')].find(p => p.querySelector('h3')"
+            ".textContent === 'Best value per objective').querySelectorAll('path.reference').length"
+        )
+        == 1
+    )
+    driver.execute_script(
+        "const s = document.getElementById('rank'); s.value = 'objective:a';"
+        " s.dispatchEvent(new Event('change'))"
+    )
+    cell = _wait(
+        driver,
+        "the record at the top",
+        f"const r = document.querySelector('#top tbody tr'); return r && r.dataset.id === "
+        f"'{record}' && r.querySelector('td.record') && r.querySelector('td.record').title",
+    )
+    assert cell == "record: +20.0% over best known"
+    driver.save_screenshot(str(ARTIFACTS / "dashboard-record.png"))
+
     # A program whose code is markup: shown as text, never run.
     driver.get(server + "#/program/4")
     code = _wait(
@@ -173,5 +205,14 @@ def test_dashboard_in_chromium(
         "return [...document.querySelectorAll('#lineage .node text')].map(t => t.textContent)"
     )
     assert any(n.startswith("5 ·") for n in nodes) and "draft 3" in nodes
+
+    # The record's own page marks its score.
+    driver.get(server + f"#/program/{record}")
+    scores = _wait(
+        driver,
+        "the record's scores",
+        "const c = document.querySelector('#program-scores td.record'); return c && c.textContent",
+    )
+    assert scores == "1.2000 (record: +20.0% over best known)"
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []

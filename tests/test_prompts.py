@@ -90,6 +90,18 @@ def test_the_prompt_shows_problem_parent_drafts_and_the_ask() -> None:
     assert "# Feedback" not in text  # nothing to report on a clean run
 
 
+def test_a_record_is_shown_as_one_with_its_margin() -> None:
+    """Scores are not clipped at 1: the model sees a record and by how much it beats the best
+    known value, not a tie with it."""
+    parent = program(1, PROBLEM.seed_program, (1.02, 1.0))
+    text = user_text(build_prompt(PROBLEM, parent, [], 3))
+    assert "1 is the best known value, and a score above 1 beats it" in text
+    assert (
+        "Scores: n26 1.0200 (record: +2.0% over best known; raw 2.688702742), "
+        "n32 1.0000 (raw 2.9379445)"
+    ) in text
+
+
 def test_the_format_example_parses_as_promised() -> None:
     text = user_text(build_prompt(PROBLEM, PARENT, [], 3))
     example = text[text.index("For example:") :]

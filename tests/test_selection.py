@@ -259,6 +259,18 @@ def test_temperature_zero_takes_the_best_under_w() -> None:
     assert picks[1] > 400
 
 
+def test_a_record_above_the_best_known_wins_over_a_tie_with_it() -> None:
+    """Scores are not clipped at 1: a program 20% over the best known value on one objective
+    beats programs that only match it, as parent and as the top draft."""
+    pop = population([(1.0, 1.0), (1.2, 1.0), (1.0, 1.0), (0.5, 0.5)])
+    rng = np.random.default_rng(0)
+    assert {pick_parent(pop, 0, rng, temperature=0) for _ in range(200)} == {2}
+    picks = Counter(pick_parent(pop, 0, rng) for _ in range(500))
+    assert picks[2] > picks[1] + picks[3]
+    assert pick_drafts(pop, 4, rng, 1) == [2]
+    assert pareto_ids(pop) == [2]
+
+
 # -- drafts ------------------------------------------------------------------------------------
 
 
@@ -387,7 +399,7 @@ def test_migrants_skip_invalid_programs() -> None:
     hnp.arrays(
         np.float64,
         st.tuples(st.integers(0, 60), st.integers(1, 4)),
-        elements=st.one_of(st.sampled_from([0.0, 0.5, 1.0]), st.floats(0, 1)),
+        elements=st.one_of(st.sampled_from([0.0, 0.5, 1.0, 1.5]), st.floats(0, 2)),
     )
 )
 def test_pareto_front_matches_brute_force(scores: np.ndarray) -> None:

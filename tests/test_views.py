@@ -183,6 +183,42 @@ def test_exports_load_in_hugging_face_datasets(
         assert trajectories[1]["mask"] == [True, False]
 
 
+def test_a_record_above_the_best_known_shows_as_one(
+    database: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scores are not clipped at 1: a program 20% over the best known value on `a` is the best
+    and is marked as a record wherever the best programs are shown; one at 1.0 ties the best
+    known value and is no record."""
+    monkeypatch.setenv("COLUMNS", "200")  # rich tables one row a line
+    with Store.open(database) as store:
+        record = store.add_program(1, NewProgram("x = 6\n", "ok", {"a": 1.2, "b": 1.0}, {}))
+    db = str(database)
+    assert main(["status", "--db", db, "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["best"]
+    assert best["a"] == {
+        "score": 1.2,
+        "raw": None,
+        "program_id": record,
+        "record": "record: +20.0% over best known",
+    }
+    assert best["b"]["program_id"] == record and best["b"]["record"] is None
+    assert run(capsys, "stats", "--db", db)["best"]["a"]["record"].startswith("record: +20.0%")
+    top = run(capsys, "top", "--db", db, "--objective", "a", "-n", "2")
+    assert [(row["id"], row["value"]) for row in top] == [(record, 1.2), (5, 0.95)]
+    assert [row["id"] for row in run(capsys, "pareto", "--db", db)] == [record]
+
+    assert main(["status", "--db", db]) == 0
+    status = capsys.readouterr().out
+    assert f"1.200000 (record: +20.0% over best known; raw -, program {record})" in status
+    assert f"1.000000 (raw -, program {record})" in status
+    assert main(["db", "top", "--db", db, "--objective", "a", "-n", "1"]) == 0
+    assert "1.200000 (record: +20.0% over best known)" in capsys.readouterr().out
+    assert main(["db", "show", "--db", db, str(record)]) == 0
+    assert "a: 1.200000 (record: +20.0% over best known; raw None)" in capsys.readouterr().out
+    files = run(capsys, "plot", "--db", db, "--out", str(tmp_path / "plots"))["files"]
+    assert all(Path(f).stat().st_size > 0 for f in files)
+
+
 def test_views_read_a_database_on_a_read_only_mount(
     sqlite_database: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from problems.api import Evaluation, Problem
+from problems.api import Evaluation, Problem, record_note
 
 
 def print_problems(problems: Sequence[Any]) -> None:
@@ -66,7 +66,7 @@ def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> No
         raw = evaluation.raw.get(objective.name)
         table.add_row(
             objective.name,
-            f"{evaluation.scores.get(objective.name, 0.0):.6f}",
+            score_text(evaluation.scores.get(objective.name, 0.0)),
             "-" if raw is None else f"{raw:.10f}",
             f"{objective.best_known:.10g}",
         )
@@ -122,7 +122,7 @@ def print_best(problem: Problem, summary: Any) -> None:
         raw = "-" if best["raw"] is None else f"{best['raw']:.10f}"
         table.add_row(
             objective.name,
-            f"{best['score']:.6f}",
+            score_text(best["score"]),
             raw,
             f"{objective.best_known:.10g}",
             str(best["program_id"]),
@@ -202,7 +202,7 @@ def _print_program(console: Any, data: Any) -> None:
     )
     for name, value in data["scores"].items():
         raw = data["raw"].get(name)
-        console.print(Text(f"  {name}: {value:.6f} (raw {raw})"))
+        console.print(Text(f"  {name}: {score_text(value, f'raw {raw}')}"))
     if data["error"]:
         console.print(Text(f"feedback: {inert(data['error'])}"))
     detail = data["origin_detail"]
@@ -262,9 +262,17 @@ def summary_table(title: str, report: dict[str, Any], extra: Sequence[tuple[str,
     for objective, best in report["best"].items():
         raw = "-" if best["raw"] is None else f"{best['raw']:.10g}"
         table.add_row(
-            f"best {objective}", f"{best['score']:.6f} (raw {raw}, program {best['program_id']})"
+            f"best {objective}",
+            score_text(best["score"], f"raw {raw}, program {best['program_id']}"),
         )
     return table
+
+
+def score_text(score: float, detail: str = "") -> str:
+    """A score to six decimals, with what `detail` says and, above 1, the record it sets:
+    "1.020000 (record: +2.0% over best known; raw 2.04)"."""
+    notes = "; ".join(note for note in (record_note(score), detail) if note)
+    return f"{score:.6f} ({notes})" if notes else f"{score:.6f}"
 
 
 def inert(text: str | None) -> str:
@@ -282,4 +290,4 @@ def _escape(character: str) -> str:
 
 def _score_cell(row: dict[str, Any], name: str) -> str:
     value = row["scores"].get(name)
-    return "-" if value is None else f"{value:.6f}"
+    return "-" if value is None else score_text(value)

@@ -38,6 +38,18 @@ function fmt(value, digits = 4) {
   return value.toFixed(digits);
 }
 
+// "record: +2.0% over best known" for a score above 1 (1 is the best known value), worded as
+// problems.api.record_note words it (the overview's best values come with that note); null
+// for a score that does not beat the best known value.
+function recordNote(score) {
+  if (!(score > 1)) return null;
+  const percent = (score - 1) * 100;
+  if (percent >= 1e6) return `record: +${percent.toExponential(2)}% over best known`;
+  const shown = Number(percent.toPrecision(2));
+  const decimals = Math.max(1, 1 - Math.floor(Math.log10(shown)));
+  return `record: +${percent.toFixed(decimals)}% over best known`;
+}
+
 async function getJSON(path) {
   const response = await fetch(path, { headers: { Accept: "application/json" } });
   const body = await response.json().catch(() => ({}));
@@ -88,7 +100,7 @@ function extent(values, pad = 0) {
 
 // series: [{name, points: [[x, y, programId?]], kind}]; kinds: "line" (a path), "trend" (a path
 // with dots), "step" (a staircase with dots), "scatter", "cloud" (faint dots), "front" (the
-// Pareto front: red dots joined).
+// Pareto front: red dots joined), "reference" (a dashed grey line, no dots).
 function chart(title, series, xlabel, ylabel) {
   const box = el("div", { class: "plot" }, el("h3", { text: title }));
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
@@ -124,9 +136,10 @@ function chart(title, series, xlabel, ylabel) {
         else if (s.kind === "step") d += `H${sx(p[0])}V${sy(p[1])}`;
         else d += `L${sx(p[0])},${sy(p[1])}`;
       });
-      root.append(svg("path", { class: s.kind === "front" ? "front" : `line ${cls}`, d }));
+      const kind = s.kind === "front" || s.kind === "reference" ? s.kind : `line ${cls}`;
+      root.append(svg("path", { class: kind, d }));
     }
-    if (s.kind !== "line") {
+    if (s.kind !== "line" && s.kind !== "reference") {
       for (const p of s.points) {
         if (s.kind === "step" && p[2] === undefined) continue; // the line's run to the present
         const kind = s.kind === "cloud" ? "cloud" : s.kind === "front" ? "front" : `point ${cls}`;
@@ -142,7 +155,7 @@ function chart(title, series, xlabel, ylabel) {
   const named = series.map((s, i) => [s, i]).filter(([s]) => s.name);
   if (named.length) {
     box.append(el("div", { class: "legend" }, ...named.map(([s, i]) =>
-      el("span", {}, el("i", { class: s.kind === "front" ? "front" : `series-${i % 5}` }), s.name))));
+      el("span", {}, el("i", { class: s.kind === "front" || s.kind === "reference" ? s.kind : `series-${i % 5}` }), s.name))));
   }
   box.append(root);
   return box;
@@ -151,10 +164,12 @@ function chart(title, series, xlabel, ylabel) {
 // ---------------------------------------------------------------------------------------------
 // Overview
 
-function card(label, value, href) {
+function card(label, value, href, note) {
   const shown = href ? el("a", { href, text: value }) : document.createTextNode(value);
-  return el("div", { class: "card" }, el("div", { class: "label", text: label }),
+  const box = el("div", { class: note ? "card record" : "card" }, el("div", { class: "label", text: label }),
     el("div", { class: "value" }, shown));
+  if (note) box.append(el("div", { class: "note", text: note }));
+  return box;
 }
 
 function renderSummary(o) {
@@ -169,7 +184,7 @@ function renderSummary(o) {
   ];
   for (const [name, best] of Object.entries(o.best)) {
     const raw = best.raw === null ? "" : ` (raw ${fmt(best.raw, 6)})`;
-    cards.push(card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`));
+    cards.push(card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`, best.record));
   }
   $("summary").replaceChildren(...cards);
 }
@@ -177,11 +192,18 @@ function renderSummary(o) {
 function renderPlots(o) {
   const plots = [];
   const valid = o.valid_programs;
-  plots.push(chart("Best value per objective", o.objectives.map((name) => {
+  const best = o.objectives.map((name) => {
     const points = o.records[name].map(([n, id, score]) => [n, score, id]);
     if (points.length && points[points.length - 1][0] < valid) points.push([valid, points[points.length - 1][1]]);
     return { name, kind: "step", points };
-  }), "valid programs evaluated", "best score"));
+  });
+  // The best known value, drawn once a record passes it (below, it would squash the curves).
+  const ends = best.flatMap((s) => s.points.map((p) => p[0]));
+  if (best.some((s) => s.points.some((p) => p[1] > 1))) {
+    best.push({ name: "best known value", kind: "reference",
+      points: [[Math.min(...ends), 1], [Math.max(...ends), 1]] });
+  }
+  plots.push(chart("Best value per objective", best, "valid programs evaluated", "best score"));
   o.fronts.forEach((front) => {
     const xi = o.objectives.indexOf(front.x) + 1, yi = o.objectives.indexOf(front.y) + 1;
     plots.push(chart(`Pareto front: ${front.x} vs ${front.y}`, [
@@ -248,6 +270,8 @@ function renderTop() {
       const score = key.startsWith("score:") || key === "value";
       const value = key.startsWith("score:") ? row.scores[key.slice(6)] : row[key];
       const text = score && typeof value === "number" ? value.toFixed(4) : fmt(value);
+      const note = key.startsWith("score:") ? recordNote(value) : null;
+      if (note) return el("td", { text, class: "record", title: note });
       return el("td", { text, class: key === "origin" ? "text" : "" });
     }));
     tr.addEventListener("click", () => { location.hash = `#/program/${row.id}`; });
@@ -325,6 +349,13 @@ function renderDiff(target, diff) {
   target.replaceChildren(...lines);
 }
 
+// A score, and the record it sets when above the best known value.
+function scoreCell(score) {
+  const note = recordNote(score);
+  if (!note) return el("td", { text: score.toFixed(4) });
+  return el("td", { class: "record", text: `${score.toFixed(4)} (${note})` });
+}
+
 function fact(label, value, href) {
   const shown = href ? el("a", { href, text: value }) : document.createTextNode(value);
   return el("span", {}, el("b", { text: label }), shown);
@@ -343,7 +374,7 @@ async function showProgram(id) {
     if (p.parent_id !== null) facts.push(fact("parent", String(p.parent_id), `#/program/${p.parent_id}`));
     $("program-facts").replaceChildren(...facts);
     $("program-scores").tBodies[0].replaceChildren(...Object.keys(p.scores).map((name) =>
-      el("tr", {}, el("td", { class: "text", text: name }), el("td", { text: p.scores[name].toFixed(4) }),
+      el("tr", {}, el("td", { class: "text", text: name }), scoreCell(p.scores[name]),
         el("td", { text: fmt(p.raw[name], 8) }))));
     highlight($("program-code"), p.code);
     $("diff-title").hidden = $("program-diff").hidden = p.diff === null;
