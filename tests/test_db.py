@@ -714,7 +714,7 @@ def test_sqlite_keeps_its_cyclic_foreign_key_after_postgres(
     postgres_url: str, tmp_path: Path
 ) -> None:
     # SQLAlchemy's ALTER TABLE step on PostgreSQL once switched this key off for later SQLite
-    # databases in the same process; see harness.db.create_tables.
+    # databases in the same process; see harness.db.schema_copy.
     Store.open(postgres_url).close()
     with Store.open(tmp_path / "after.db") as store, store.engine.connect() as connection:
         keys = connection.exec_driver_sql("PRAGMA foreign_key_list(program)").all()

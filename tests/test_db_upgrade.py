@@ -183,3 +183,19 @@ def test_two_processes_upgrading_at_once_both_open_it(db_url: str) -> None:
     assert score_checks(db_url) == {NEW_CHECK}
     with Store.open(db_url, read_only=True) as store:
         assert [p.id for p in store.programs(1)] == [1, 2]
+
+
+@pytest.mark.postgres
+def test_sqlite_tables_keep_their_check_after_a_postgres_upgrade(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    """SQLAlchemy marks a constraint it added with ALTER TABLE as not-inline for the rest of the
+    process: SQLite tables made afterwards (new, or rebuilt) must still carry the check."""
+    old_release_database(postgres_url)
+    Store.open(postgres_url).close()
+    assert score_checks(postgres_url) == {NEW_CHECK}
+    fresh, old = f"sqlite:///{tmp_path / 'fresh.db'}", f"sqlite:///{tmp_path / 'old.db'}"
+    Store.open(fresh).close()
+    old_release_database(old)
+    Store.open(old).close()
+    assert score_checks(fresh) == score_checks(old) == {NEW_CHECK}
