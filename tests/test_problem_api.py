@@ -47,7 +47,8 @@ def test_normalise_directions() -> None:
         (1.2, "record: +20.0% over best known"),
         (1.001, "record: +0.10% over best known"),
         (1.1234, "record: +12.3% over best known"),
-        (1.0000000089, "record: +0.00000089% over best known"),
+        (1.0000000089, None),  # the best known value's own rounding: no record
+        (1.0000012, "record: +0.00012% over best known"),
     ],
 )
 def test_a_record_reads_as_its_margin_over_the_best_known(score: float, note: str | None) -> None:

@@ -40,9 +40,9 @@ function fmt(value, digits = 4) {
 
 // "record: +2.0% over best known" for a score above 1 (1 is the best known value), worded as
 // problems.api.record_note words it (the overview's best values come with that note); null
-// for a score that does not beat the best known value.
+// for a score that does not beat the best known value by more than its rounding (RECORD_MARGIN).
 function recordNote(score) {
-  if (!(score > 1)) return null;
+  if (!(score > 1 + 1e-7)) return null;
   const percent = (score - 1) * 100;
   if (percent >= 1e6) return `record: +${percent.toExponential(2)}% over best known`;
   const shown = Number(percent.toPrecision(2));
