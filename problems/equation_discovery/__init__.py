@@ -1,0 +1,356 @@
+"""Equation discovery on LLM-SR's four problems (Shojaee et al., ICLR 2025, arXiv 2404.18400).
+
+The candidate writes an equation skeleton, `equation(<inputs>, params)`, whose ten constants
+`params` a trusted driver fits in the sandbox as LLM-SR does (scipy BFGS from ten ones on the
+training MSE, here at most MAXITER iterations). The driver returns the fitted equation's
+predictions on the inputs of the two test sets; the test targets never leave this process,
+where `score` computes the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), on each.
+
+Problems (`equation_discovery:NAME`; bare `equation_discovery` is oscillator1):
+- oscillator1: acceleration a(x, v) of a damped nonlinear oscillator with a driving force;
+- oscillator2: the same kind of system with time, a(t, x, v);
+- bactgrow: E. coli growth rate db(b, s, temp, pH);
+- stressstrain: stress(strain, temp) of aluminium 6061-T651, measured data.
+
+Reward vector:
+- fit_id, fit_ood: NMSE on test_id / test_ood on a log scale, log(zero / NMSE) /
+  log(zero / best), where best is LLM-SR's better backbone per cell (scores 1) and zero the
+  seed skeleton's NMSE, or 1 (what predicting the mean scores) where the seed does worse than
+  that (scores 0; clamped there). NMSE spans eight orders of magnitude across methods, so a
+  ratio would give nothing to everything but the best. Beating LLM-SR scores above 1.
+- simplicity: 1 - k / 10, k = the entries of params the fitted equation depends on (each moved
+  by 0.1% on its own changes some training prediction); 0 unless the in-domain NMSE is at most
+  half of fit_id's zero, so `params[0] + 0 * x` cannot win it.
+
+Data: LLM-SR's CSVs (github.com/deep-symbolic-mathematics/LLM-SR, data/, MIT licence in
+data/LICENSE), stored as float64 arrays in data/<problem>.npz by scripts/llm_sr_data.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from problems.api import MAX_SCORE, Anchor, Call, Infeasible, Objective, Problem
+
+DATA = Path(__file__).parent / "data"
+DRIVER = (Path(__file__).parent / "driver.py").read_text()
+DEFAULT = "oscillator1"
+NPARAMS = 10
+# BFGS iterations at most (scipy's default is 200 per constant, 2,000). The skeletons tried here
+# converged in 6-21 iterations (the seeds) to 142 (a rational function of all three inputs on
+# oscillator2's 10,000 rows, 7.6 s in the sandbox on 2 loaded cores); an iteration is about 12
+# evaluations of the equation, each 0.5-4 ms on those rows, so a fit stays near 10 s at worst.
+MAXITER = 200
+TIME_LIMIT = 30.0  # seconds for the whole call: scipy's import, the fit, the predictions
+# An NMSE below this counts as this, so an exact equation scores a finite amount (about 3).
+NMSE_FLOOR = 1e-20
+
+SOURCE_LLMSR = (
+    "LLM-SR, Shojaee et al., ICLR 2025, arXiv 2404.18400 ({backbone}), NMSE as reprinted in"
+    " DecAEvolve's results table (Behzadifar et al., ICML 2026)"
+)
+SOURCE_PYSR = "PySR, as reported beside LLM-SR (DecAEvolve's results table)"
+SOURCE_SEED = "the seed skeleton fitted here (BFGS from ones, as LLM-SR fits)"
+
+
+@dataclass(frozen=True)
+class LogFit(Objective):
+    """An NMSE (minimised) scored on a log scale: `zero` scores 0, `best_known` scores 1.
+
+    score = log(zero / NMSE) / log(zero / best_known), never below 0, and above 1 for an NMSE
+    below the best known (NMSE_FLOOR bounds it).
+    """
+
+    zero: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.zero > self.best_known:
+            raise ValueError(f"objective {self.name!r}: zero must be above best_known")
+
+    def normalise(self, raw: float) -> float:
+        if not math.isfinite(raw) or raw < 0:
+            return 0.0
+        nmse = max(raw, NMSE_FLOOR)
+        score = math.log(self.zero / nmse) / math.log(self.zero / self.best_known)
+        return min(MAX_SCORE, max(0.0, score))
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One of LLM-SR's problems: its variables, seed skeleton and reference NMSE values."""
+
+    key: str
+    subject: str  # what the equation gives, in words
+    inputs: tuple[tuple[str, str], ...]  # (argument name, meaning), in the CSV's column order
+    target: str  # the returned quantity's meaning
+    ood: str  # what makes the out-of-domain test set different
+    seed: str  # the body of the seed skeleton (LLM-SR's initial equation)
+    seed_nmse: tuple[float, float]  # (test_id, test_ood), measured here: see SEED_COMMAND
+    mixtral: tuple[float, float]  # LLM-SR's NMSE with each backbone, and PySR's
+    gpt35: tuple[float, float]
+    pysr: tuple[float, float]
+
+
+# The seed NMSE values are the raw fit_id / fit_ood of each seed through the real sandbox:
+#   for k in oscillator1 oscillator2 bactgrow stressstrain; do .venv/bin/python -c "from
+#   problems.equation_discovery import EquationDiscovery as E; print(E('$k').seed_program)"
+#   > /tmp/seed.py; .venv/bin/vpo eval equation_discovery:$k /tmp/seed.py --json; done
+# LLM-SR's spec fitted the same way gives oscillator1 0.0959 / 0.863, oscillator2 0.195 / 0.117,
+# bactgrow 0.865 / 1.20, stressstrain 2.60 / 4.76 (docs/problems.md).
+SPECS = {
+    spec.key: spec
+    for spec in (
+        Spec(
+            "oscillator1",
+            "the acceleration of a damped nonlinear oscillator driven by an external force",
+            (("x", "position"), ("v", "velocity")),
+            "acceleration",
+            "a part of the motion with wider ranges of position and velocity than training",
+            "params[0] * x + params[1] * v + params[2]",
+            (0.0959159260, 0.862580651),
+            (7.89e-8, 0.0002),
+            (4.65e-7, 0.0005),
+            (9.0e-4, 0.3106),
+        ),
+        Spec(
+            "oscillator2",
+            "the acceleration of a damped nonlinear oscillator driven by an external force",
+            (("t", "time"), ("x", "position"), ("v", "velocity")),
+            "acceleration",
+            "an earlier stretch of time, t in [0, 20), where training covers t in [30, 50]",
+            "params[0] * t + params[1] * x + params[2] * v + params[3]",
+            (0.194511797, 0.117071838),
+            (0.0030, 0.0291),
+            (2.12e-7, 3.81e-5),
+            (2.0e-4, 0.0098),
+        ),
+        Spec(
+            "bactgrow",
+            "the growth rate of an E. coli population",
+            (
+                ("b", "population density"),
+                ("s", "substrate concentration"),
+                ("temp", "temperature"),
+                ("pH", "pH level"),
+            ),
+            "growth rate (change of population density)",
+            "wider ranges of every input: b and s up to 10 (training: 1 to 5), temperature up"
+            " to 60 (training: up to 40), pH 1 to 14 (training: 2 to 12)",
+            "params[0] * b + params[1] * s + params[2] * temp + params[3] * pH + params[4]",
+            (0.864760109, 1.20291201),
+            (0.0026, 0.0037),
+            (0.0214, 0.0264),
+            (0.0376, 1.0141),
+        ),
+        Spec(
+            "stressstrain",
+            "the stress in an aluminium rod (alloy 6061-T651, measured data) through its elastic"
+            " and plastic regions",
+            (("strain", "strain"), ("temp", "normalised temperature")),
+            "stress",
+            "a temperature left out of training (training and in-domain test use five others)",
+            "params[0] * strain + params[1] * temp",
+            (2.60163570, 4.76024735),
+            (0.0162, 0.0946),
+            (0.0210, 0.0516),
+            (0.0331, 0.1304),
+        ),
+    )
+}
+
+DESCRIPTION = """\
+Find the mathematical form of {subject},
+given data on {given}. Write a Python function
+
+    def equation({signature}) -> np.ndarray
+
+{arguments}
+    params: an array of {nparams} numeric constants (see below)
+It returns the {target} for each observation: an array with one value per row of the inputs.
+
+You do not choose the constants. A fixed fitting step sets `params` by minimising the mean
+squared error on the training data (scipy.optimize.minimize, method BFGS, starting from all
+ones, numerical gradients, at most {maxiter} iterations). So write the structure of the
+equation, a skeleton with params[0] ... params[{last}] where its constants belong; entries you
+do not use are ignored. Think about the physical meaning of the variables. numpy is available
+as np (import what you use). The whole fit runs in its own process with a time limit of
+{limit:g} seconds and evaluates the equation on {rows:,} rows some thousands of times, so keep
+it vectorised; reading files, inspecting frames and starting processes are refused.
+
+The fitted equation is then scored on held-out data by its normalised mean squared error,
+NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2), lower is better:
+- fit_id: NMSE on test points from the training region;
+- fit_ood: NMSE on test points outside it, {ood};
+- simplicity: 1 - k/{nparams}, where k is the number of entries of params the fitted equation
+  depends on; it counts only when the in-domain NMSE is at most {gate:.3g}, else it is 0.
+Fit scores are logarithmic in the NMSE: 0 at {zero_id:.3g} (in-domain) and {zero_ood:.3g}
+(out-of-domain) or worse, where the starting equation is; 1 at {best_id:.3g} and {best_ood:.3g},
+the best published results; above 1 beats them. Every prediction must be a finite real number.
+"""
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _program(spec: Spec, body: str, doc: str) -> str:
+    names = ", ".join(name for name, _ in spec.inputs)
+    return f'''\
+import numpy as np
+
+
+def equation({names}, params):
+    """{doc}"""
+    return {body}
+'''
+
+
+def _fit_objective(spec: Spec, split: int) -> LogFit:
+    """fit_id (split 0) or fit_ood (split 1), anchored to LLM-SR's better backbone."""
+    name, where = ("fit_id", "in-domain") if split == 0 else ("fit_ood", "out-of-domain")
+    mixtral, gpt = spec.mixtral[split], spec.gpt35[split]
+    best, backbone = (mixtral, "Mixtral") if mixtral <= gpt else (gpt, "GPT-3.5")
+    zero = min(spec.seed_nmse[split], 1.0)
+    return LogFit(
+        name,
+        "min",
+        best,
+        SOURCE_LLMSR.format(backbone=backbone),
+        f"{where} NMSE on test_{'id' if split == 0 else 'ood'}, log scale: 0 at {zero:.3g},"
+        f" 1 at {best:.3g}",
+        (
+            Anchor(spec.seed_nmse[split], SOURCE_SEED),
+            Anchor(spec.pysr[split], SOURCE_PYSR),
+            Anchor(mixtral, SOURCE_LLMSR.format(backbone="Mixtral")),
+            Anchor(gpt, SOURCE_LLMSR.format(backbone="GPT-3.5")),
+        ),
+        zero=zero,
+    )
+
+
+@dataclass(frozen=True)
+class Split:
+    inputs: np.ndarray  # (rows, variables)
+    target: np.ndarray  # (rows,)
+
+
+@cache
+def dataset(key: str) -> dict[str, Split]:
+    """train / test_id / test_ood of one problem, as LLM-SR's CSVs hold them."""
+    with np.load(DATA / f"{key}.npz", allow_pickle=False) as stored:
+        columns = [str(c) for c in stored["columns"]]
+        expected = [name for name, _ in SPECS[key].inputs]
+        if columns[:-1] != expected:
+            raise ValueError(f"{key}.npz has columns {columns}, expected {expected} + target")
+        splits = {}
+        for split in ("train", "test_id", "test_ood"):
+            table = stored[split]
+            splits[split] = Split(np.ascontiguousarray(table[:, :-1]), table[:, -1].copy())
+    return splits
+
+
+def nmse(predictions: Any, target: np.ndarray, split: str) -> float:
+    """sum((yhat - y)^2) / sum((y - mean y)^2), after checking the predictions strictly."""
+    rows = target.shape[0]
+    if not isinstance(predictions, np.ndarray) or predictions.dtype.kind != "f":
+        raise Infeasible(f"{split}: expected an array of {rows} float predictions")
+    if predictions.shape != (rows,):
+        raise Infeasible(f"{split}: expected {rows} predictions, got shape {predictions.shape}")
+    bad = int(np.count_nonzero(~np.isfinite(predictions)))
+    if bad:
+        raise Infeasible(f"{split}: {bad} of {rows} predictions are not finite (NaN or inf)")
+    with np.errstate(over="ignore", invalid="ignore"):
+        error = float(np.sum((predictions.astype(np.float64) - target) ** 2))
+    if not math.isfinite(error):
+        raise Infeasible(
+            f"{split}: the predictions are so large that their squared error overflows"
+        )
+    return error / float(np.sum((target - target.mean()) ** 2))
+
+
+class EquationDiscovery(Problem):
+    entry = "equation"
+    driver = DRIVER
+    driver_entry = "_vpo_equation_discovery"
+    time_limit = TIME_LIMIT
+
+    def __init__(self, key: str = DEFAULT) -> None:
+        if key not in SPECS:
+            raise ValueError(
+                f"unknown equation_discovery problem {key!r}; choose {', '.join(SPECS)}"
+            )
+        self.spec = spec = SPECS[key]
+        self.name = f"equation_discovery:{key}"
+        fit_id, fit_ood = _fit_objective(spec, 0), _fit_objective(spec, 1)
+        self.objectives = (
+            fit_id,
+            fit_ood,
+            Objective(
+                "simplicity",
+                "max",
+                1.0,
+                "by definition: an equation with no fitted constant",
+                f"1 - (params the fitted equation depends on) / {NPARAMS}, when fit_id's NMSE"
+                " is at most half its zero, else 0",
+            ),
+        )
+        self.simplicity_gate = fit_id.zero / 2
+        names = [name for name, _ in spec.inputs]
+        self.description = DESCRIPTION.format(
+            subject=spec.subject,
+            given=_and([m if m == n else f"{m} ({n})" for n, m in spec.inputs]),
+            signature=", ".join(f"{n}: np.ndarray" for n in names) + ", params: np.ndarray",
+            arguments="\n".join(f"    {name}: {meaning}" for name, meaning in spec.inputs),
+            target=spec.target,
+            nparams=NPARAMS,
+            last=NPARAMS - 1,
+            maxiter=MAXITER,
+            limit=TIME_LIMIT,
+            rows=len(dataset(key)["train"].target),
+            ood=spec.ood,
+            gate=self.simplicity_gate,
+            zero_id=fit_id.zero,
+            zero_ood=fit_ood.zero,
+            best_id=fit_id.best_known,
+            best_ood=fit_ood.best_known,
+        )
+        self.seed_program = _program(
+            spec, spec.seed, f"{spec.target.capitalize()}: LLM-SR's starting equation, linear."
+        )
+
+    def calls(self) -> tuple[Call, ...]:
+        data = dataset(self.spec.key)
+        train = data["train"]
+        args = (
+            train.inputs,
+            train.target,
+            data["test_id"].inputs,
+            data["test_ood"].inputs,
+            MAXITER,
+        )
+        return (Call("fit", args, ("fit_id", "fit_ood", "simplicity")),)
+
+    def score(self, call: Call, value: Any) -> Mapping[str, float]:
+        if not isinstance(value, dict) or set(value) != {"test_id", "test_ood", "params_used"}:
+            raise Infeasible("the driver's answer is not {test_id, test_ood, params_used}")
+        data = dataset(self.spec.key)
+        nmse_id = nmse(value["test_id"], data["test_id"].target, "test_id")
+        nmse_ood = nmse(value["test_ood"], data["test_ood"].target, "test_ood")
+        used = value["params_used"]
+        if type(used) is not int or not 0 <= used <= NPARAMS:
+            raise Infeasible(f"params_used must be a whole number from 0 to {NPARAMS}")
+        simplicity = (NPARAMS - used) / NPARAMS if nmse_id <= self.simplicity_gate else 0.0
+        return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simplicity}
+
+
+def make_problem(argument: str | None = None) -> Problem:
+    """`equation_discovery` (oscillator1) or `equation_discovery:NAME`."""
+    return EquationDiscovery(DEFAULT if argument is None else argument)
