@@ -1,0 +1,388 @@
+"""Equation discovery on LLM-SR's four problems: the shipped data, the seeds fitted through the
+real sandbox at LLM-SR's reference floor (score 0), a better equation well above it, `vpo eval`,
+the log-scale mapping, and hostile programs, each scoring 0 with a one-line reason."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.evaluate import evaluate, evaluate_many
+from harness.sandbox import Limits, Sandbox
+from problems.api import MAX_SCORE, Evaluation, Infeasible
+from problems.equation_discovery import (
+    DATA,
+    MAXITER,
+    NMSE_FLOOR,
+    SPECS,
+    EquationDiscovery,
+    LogFit,
+    dataset,
+)
+from problems.registry import ProblemLoadError, load
+
+ROOT = Path(__file__).parents[1]
+HEADER = "import numpy as np\n\n\ndef equation(x, v, params):\n"
+# Found by fitting a few skeletons to oscillator1's training data: cubic stiffness, cubic
+# damping and an x*v term, four constants (NMSE 2.1e-6 in-domain, 0.030 out-of-domain).
+BETTER = (
+    HEADER + "    return params[0] * x + params[1] * v**3 + params[2] * x**3 + params[3] * x * v\n"
+)
+SEED_BODY = "    return params[0] * x + params[1] * v + params[2]\n"
+SEED_FIT = HEADER + SEED_BODY
+# LLM-SR's reference floor: its initial skeletons fitted with BFGS from ones
+# (the reference notes in docs/problems.md).
+FLOOR = {
+    "oscillator1": (0.0959, 0.863),
+    "oscillator2": (0.195, 0.117),
+    "bactgrow": (0.865, 1.20),
+    "stressstrain": (2.60, 4.76),
+}
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    with Sandbox(workers=2) as box:
+        yield box
+
+
+def assert_zero_with_reason(evaluation: Evaluation, words: str) -> None:
+    assert evaluation.status != "ok", evaluation
+    assert set(evaluation.scores.values()) == {0.0}
+    assert evaluation.reason and words in evaluation.reason, evaluation.reason
+    assert "\n" not in evaluation.reason and "Traceback" not in evaluation.reason
+
+
+# --- the data ---------------------------------------------------------------------------------
+
+
+def test_shipped_data_are_llm_srs_csvs() -> None:
+    rows = {
+        "oscillator1": (10000, 10000, 10000),
+        "oscillator2": (10000, 10000, 10000),
+        "bactgrow": (7500, 2500, 15000),
+        "stressstrain": (2161, 1442, 738),
+    }
+    for key, counts in rows.items():
+        splits = dataset(key)
+        width = len(SPECS[key].inputs)
+        for split, count in zip(("train", "test_id", "test_ood"), counts, strict=True):
+            assert splits[split].inputs.shape == (count, width)
+            assert splits[split].target.shape == (count,)
+            assert (
+                np.isfinite(splits[split].inputs).all() and np.isfinite(splits[split].target).all()
+            )
+    # The first training row of oscillator1.csv, digit for digit: the arrays are the CSV's values.
+    first = dataset("oscillator1")["train"]
+    assert first.inputs[0].tolist() == [-0.2519789948114764, -0.17306600923612298]
+    assert first.target[0] == 0.028552096211324336
+    assert "MIT License" in (DATA / "LICENSE").read_text()
+
+
+def test_the_data_travel_with_the_installed_package() -> None:
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert declared["package-data"]["problems.equation_discovery"] == ["data/*.npz", "data/LICENSE"]
+    assert sorted(p.name for p in DATA.glob("*.npz")) == sorted(f"{k}.npz" for k in SPECS)
+
+
+def test_the_sandbox_gets_no_test_target() -> None:
+    for key in SPECS:
+        (call,) = EquationDiscovery(key).calls()
+        data = dataset(key)
+        train_inputs, train_target, id_inputs, ood_inputs, maxiter = call.args
+        assert train_inputs is data["train"].inputs and train_target is data["train"].target
+        assert id_inputs is data["test_id"].inputs and ood_inputs is data["test_ood"].inputs
+        assert maxiter == MAXITER
+        for split in ("test_id", "test_ood"):
+            target = data[split].target
+            assert not any(np.shares_memory(target, a) for a in call.args[:4])
+
+
+# --- names, statement, objectives ---------------------------------------------------------------
+
+
+def test_bare_name_is_oscillator1_and_every_problem_loads() -> None:
+    assert load("equation_discovery").name == "equation_discovery:oscillator1"
+    for key, spec in SPECS.items():
+        problem = load(f"equation_discovery:{key}")
+        assert problem.name == f"equation_discovery:{key}"
+        names = ", ".join(f"{n}: np.ndarray" for n, _ in spec.inputs)
+        assert f"def equation({names}, params: np.ndarray)" in problem.description
+        assert "10 numeric constants" in problem.description
+        assert f"def equation({', '.join(n for n, _ in spec.inputs)}, params):" in (
+            problem.seed_program
+        )
+        assert [o.name for o in problem.objectives] == ["fit_id", "fit_ood", "simplicity"]
+    with pytest.raises(ProblemLoadError, match="unknown equation_discovery problem 'x'.*bactgrow"):
+        load("equation_discovery:x")
+
+
+def test_best_known_is_llm_srs_better_backbone_per_cell() -> None:
+    best = {
+        "oscillator1": (7.89e-8, 0.0002),
+        "oscillator2": (2.12e-7, 3.81e-5),
+        "bactgrow": (0.0026, 0.0037),
+        "stressstrain": (0.0162, 0.0516),
+    }
+    for key, (best_id, best_ood) in best.items():
+        fit_id, fit_ood, _ = EquationDiscovery(key).objectives
+        assert (fit_id.best_known, fit_ood.best_known) == (best_id, best_ood)
+        assert "LLM-SR" in fit_id.source and "2404.18400" in fit_ood.source
+
+
+def test_log_scale_puts_the_seed_at_0_and_llm_sr_at_1() -> None:
+    for key in SPECS:
+        fit_id, fit_ood, _ = EquationDiscovery(key).objectives
+        for objective, seed in zip((fit_id, fit_ood), SPECS[key].seed_nmse, strict=True):
+            assert isinstance(objective, LogFit)
+            assert objective.zero == min(seed, 1.0)  # predicting the mean scores NMSE 1
+            assert objective.normalise(seed) == 0.0
+            assert objective.normalise(objective.best_known) == pytest.approx(1.0)
+            assert objective.normalise(objective.best_known / 10) > 1.0  # a record
+            assert objective.normalise(10 * seed) == 0.0
+            exact = math.log(objective.zero / NMSE_FLOOR) / math.log(
+                objective.zero / objective.best_known
+            )
+            assert objective.normalise(0.0) == pytest.approx(exact)
+            assert objective.normalise(float("nan")) == objective.normalise(math.inf) == 0.0
+    # halfway in log terms: sqrt(zero * best) scores 0.5
+    fit_id = EquationDiscovery("oscillator1").objectives[0]
+    assert fit_id.normalise(math.sqrt(fit_id.zero * fit_id.best_known)) == pytest.approx(0.5)
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6))
+def test_log_scale_is_finite_and_never_rewards_a_worse_fit(a: float, b: float) -> None:
+    objective = EquationDiscovery("oscillator2").objectives[1]
+    low, high = sorted((a, b))
+    assert 0.0 <= objective.normalise(high) <= objective.normalise(low) <= MAX_SCORE
+
+
+# --- the trusted scorer, on returned data -------------------------------------------------------
+
+
+def answer(key: str, test_id: object = None, test_ood: object = None, used: object = 3) -> dict:
+    data = dataset(key)
+    return {
+        "test_id": data["test_id"].target.copy() if test_id is None else test_id,
+        "test_ood": data["test_ood"].target.copy() if test_ood is None else test_ood,
+        "params_used": used,
+    }
+
+
+def test_scorer_computes_nmse_from_its_own_targets() -> None:
+    problem = EquationDiscovery("oscillator1")
+    (call,) = problem.calls()
+    assert problem.score(call, answer("oscillator1")) == {
+        "fit_id": 0.0,
+        "fit_ood": 0.0,
+        "simplicity": 0.7,
+    }
+    data = dataset("oscillator1")
+    mean_id = np.full(10000, data["test_id"].target.mean())
+    raw = problem.score(call, answer("oscillator1", test_id=mean_id))
+    assert raw["fit_id"] == pytest.approx(1.0)  # predicting the mean: NMSE 1
+    assert raw["simplicity"] == 0.0  # no fit, no simplicity
+
+
+def test_simplicity_needs_a_fit_that_halves_the_error_of_the_mean_and_the_seed() -> None:
+    # stressstrain's seed is worse than predicting the mean (NMSE 2.60), so a constant
+    # (NMSE ~1) beats it; it still gets no simplicity.
+    problem = EquationDiscovery("stressstrain")
+    (call,) = problem.calls()
+    train_mean = dataset("stressstrain")["train"].target.mean()
+    constant = np.full(1442, train_mean)
+    raw = problem.score(call, answer("stressstrain", test_id=constant, used=1))
+    assert 0.9 < raw["fit_id"] < 1.2 and raw["simplicity"] == 0.0
+    assert problem.objective("fit_id").normalise(raw["fit_id"]) < 0.05
+
+
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        ({"test_id": [0.0] * 10000}, "expected an array of 10000 float predictions"),
+        ({"test_id": np.zeros(10000, dtype=np.int64)}, "float predictions"),
+        ({"test_ood": np.zeros(9999)}, "expected 10000 predictions, got shape (9999,)"),
+        ({"test_id": np.full(10000, np.nan)}, "10000 of 10000 predictions are not finite"),
+        ({"test_ood": np.full(10000, 1e300)}, "squared error overflows"),
+        ({"params_used": True}, "params_used must be a whole number"),
+        ({"params_used": 11}, "params_used must be a whole number"),
+        ({"extra": 1}, "not {test_id, test_ood, params_used}"),
+    ],
+)
+def test_scorer_refuses_data_that_is_not_a_prediction(change: dict, words: str) -> None:
+    problem = EquationDiscovery("oscillator1")
+    with pytest.raises(Infeasible) as info:
+        problem.score(problem.calls()[0], {**answer("oscillator1"), **change})
+    assert words in str(info.value)
+
+
+# --- through the real sandbox -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", list(SPECS))
+def test_seeds_score_zero_at_llm_srs_reference_floor(sandbox: Sandbox, key: str) -> None:
+    problem = EquationDiscovery(key)
+    evaluation = evaluate(problem, problem.seed_program, sandbox)
+    assert evaluation.status == "ok", evaluation.reason
+    assert all(v < 1e-5 for v in evaluation.scores.values()), evaluation.scores
+    measured = (evaluation.raw["fit_id"], evaluation.raw["fit_ood"])
+    assert measured == pytest.approx(SPECS[key].seed_nmse, rel=1e-6)
+    assert measured == pytest.approx(FLOOR[key], rel=5e-3)
+
+
+def test_a_better_equation_scores_well_above_the_seed(sandbox: Sandbox) -> None:
+    evaluation = evaluate(EquationDiscovery("oscillator1"), BETTER, sandbox)
+    assert evaluation.status == "ok", evaluation.reason
+    assert evaluation.raw["fit_id"] < 1e-5 and evaluation.raw["fit_ood"] < 0.05
+    assert evaluation.scores["fit_id"] > 0.7 and evaluation.scores["fit_ood"] > 0.35
+    assert evaluation.scores["simplicity"] == 0.6  # four of the ten constants matter
+    assert "fitted params: [" in evaluation.artifacts["fit"]["stdout"]
+
+
+def test_vpo_eval_json(tmp_path: Path) -> None:
+    program = tmp_path / "better.py"
+    program.write_text(BETTER)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "eval", "equation_discovery:oscillator1"]
+        + [str(program), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "ok" and result["reason"] is None
+    assert result["scores"]["fit_id"] > 0.7 and result["scores"]["simplicity"] == 0.6
+    assert result["raw"]["fit_id"] < 1e-5
+
+
+NPZ = str(DATA / "oscillator1.npz")
+HOSTILE = {
+    "nan": (HEADER + "    return params[0] * x + np.nan\n", "training error is not finite"),
+    "inf": (HEADER + "    return np.full_like(x, np.inf)\n", "training error is not finite"),
+    "inf out of domain": (
+        HEADER + "    return params[0] * x + np.where(x > 0.6, np.inf, 0.0)\n",
+        "test_ood: 4292 of 10000 predictions are not finite",
+    ),
+    "overflow out of domain": (
+        HEADER + "    return params[0] * x + np.where(x > 0.6, 1e200, 0.0)\n",
+        "test_ood: the predictions are so large that their squared error overflows",
+    ),
+    "wrong shape": (HEADER + "    return np.stack([x, v])\n", "shape (2, 10000) for 10000 rows"),
+    "wrong length": (HEADER + "    return (params[0] * x)[:-1]\n", "shape (9999,) for 10000"),
+    "a scalar": (HEADER + "    return params[0]\n", "shape () for 10000 rows"),
+    "strings": (HEADER + "    return np.array(['1.0'] * len(x))\n", "<U3 values, not real"),
+    "a str": (HEADER + "    return 'fast'\n", "<U4 values, not real numbers"),
+    "None": (HEADER + "    pass\n", "object values, not real numbers"),
+    "complex": (HEADER + "    return params[0] * x + 1j\n", "complex128 values, not real"),
+    "an exception": (HEADER + "    raise RuntimeError('boom')\n", "RuntimeError: boom"),
+    "no equation": ("equation = 3\n", "the program defines no function `equation`"),
+    "opening the data": (
+        HEADER + f"    open({NPZ!r}, 'rb').read()\n    return params[0] * x\n",
+        "may not open files during the fit",
+    ),
+    "np.load of the data": (
+        HEADER + f"    np.load({NPZ!r})\n    return params[0] * x\n",
+        "may not open files during the fit",
+    ),
+    "importing the problem": (
+        HEADER + "    import problems.equation_discovery\n    return params[0] * x\n",
+        "may not import the harness's package 'problems.equation_discovery'",
+    ),
+    "the driver's frames": (
+        HEADER + "    import inspect\n    inspect.currentframe().f_back.f_locals\n"
+        "    return params[0] * x\n",
+        "may not inspect the driver's frames",
+    ),
+    "the garbage collector": (
+        HEADER + "    import gc\n    gc.get_objects()\n    return params[0] * x\n",
+        "may not search the process's objects",
+    ),
+    "a subprocess": (
+        HEADER + "    import subprocess\n    subprocess.run(['cat', 'data.npz'])\n"
+        "    return params[0] * x\n",
+        "may not start a process",
+    ),
+    "np.mean patched": (
+        "import numpy as np\n\nnp.mean = lambda *a, **k: 0.0\n\n\n" + SEED_FIT,
+        "the program replaced numpy.mean",
+    ),
+    "minimize patched": (
+        "import numpy as np\nimport scipy.optimize\n\n\n"
+        "def fake(fun, x0, **options):\n"
+        "    return scipy.optimize.OptimizeResult(x=np.array(x0), fun=0.0, nit=0)\n\n\n"
+        "scipy.optimize.minimize = fake\n\n\n" + SEED_FIT,
+        "the program replaced scipy.optimize.minimize",
+    ),
+    "np.mean patched during the fit": (
+        HEADER + "    np.mean = lambda *a, **k: 0.0\n    return params[0] * x\n",
+        "the equation replaced numpy.mean",
+    ),
+    "a builtin redefined": (
+        "def len(x):\n    return 0\n\n\n" + SEED_FIT,
+        "the program redefines the builtin 'len'",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile(sandbox: Sandbox) -> dict[str, Evaluation]:
+    """All hostile programs on oscillator1 in one parallel batch."""
+    problem = EquationDiscovery("oscillator1")
+    codes = [code for code, _ in HOSTILE.values()]
+    return dict(zip(HOSTILE, evaluate_many(problem, codes, sandbox), strict=True))
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_programs_score_zero_with_a_reason(
+    hostile: dict[str, Evaluation], case: str
+) -> None:
+    assert_zero_with_reason(hostile[case], HOSTILE[case][1])
+
+
+def test_sleeping_past_the_time_limit_is_a_timeout(sandbox: Sandbox) -> None:
+    code = "import time\n" + HEADER + "    time.sleep(60)\n    return params[0] * x\n"
+    evaluation = evaluate(EquationDiscovery("oscillator1"), code, sandbox, Limits(3.0))
+    assert evaluation.status == "timeout"
+    assert_zero_with_reason(evaluation, "timed out after 3.0 s")
+
+
+def test_printing_claims_and_mutating_arguments_change_nothing(sandbox: Sandbox) -> None:
+    """What the program prints is never read as a score; `equation` gets copies of its
+    arguments, so writing into them cannot disturb the fit."""
+    claims = HEADER + "    print('NMSE 0.0, fit_id 1.0')\n" + SEED_BODY
+    mutating = HEADER + (
+        "    result = params[0] * x + params[1] * v + params[2]\n"
+        "    x *= 0\n"
+        "    v[:] = np.nan\n"
+        "    params[:] = 0\n"
+        "    return result\n"
+    )
+    problem = EquationDiscovery("oscillator1")
+    seed, printed, mutated = evaluate_many(
+        problem, [problem.seed_program, claims, mutating], sandbox
+    )
+    assert printed.status == "ok" and printed.scores == seed.scores
+    assert "NMSE 0.0" in printed.artifacts["fit"]["stdout"]
+    assert mutated.status == "ok" and mutated.raw == seed.raw
+
+
+def test_an_equation_may_import_inside_itself(sandbox: Sandbox) -> None:
+    """The guard refuses data files, not imports: scipy.special loads during the fit."""
+    code = HEADER + (
+        "    from scipy.special import erf\n"
+        "    return params[0] * erf(params[1] * x) + params[2] * v + params[3] * x**3\n"
+    )
+    evaluation = evaluate(EquationDiscovery("oscillator1"), code, sandbox)
+    assert evaluation.status == "ok", evaluation.reason
+    assert evaluation.scores["fit_id"] > 0.0
