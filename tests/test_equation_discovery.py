@@ -328,6 +328,10 @@ HOSTILE = {
         HEADER + "    np.mean = lambda *a, **k: 0.0\n    return params[0] * x\n",
         "the equation replaced numpy.mean",
     ),
+    "a trace function": (
+        "import sys\n\nsys.settrace(lambda frame, event, arg: None)\n\n\n" + SEED_FIT,
+        "the program installed a trace or profile function",
+    ),
     "a builtin redefined": (
         "def len(x):\n    return 0\n\n\n" + SEED_FIT,
         "the program redefines the builtin 'len'",

@@ -18,9 +18,9 @@ Reward vector:
   seed skeleton's NMSE, or 1 (what predicting the mean scores) where the seed does worse than
   that (scores 0; clamped there). NMSE spans eight orders of magnitude across methods, so a
   ratio would give nothing to everything but the best. Beating LLM-SR scores above 1.
-- simplicity: 1 - k / 10, k = the entries of params the fitted equation depends on (each moved
-  by 0.1% on its own changes some training prediction); 0 unless the in-domain NMSE is at most
-  half of fit_id's zero, so `params[0] + 0 * x` cannot win it.
+- simplicity: 1 - k / 10, k = the entries of params the fitted equation depends on (each, nudged
+  on its own by 0.1% of its value, at least 0.001, changes some training prediction); 0 unless
+  the in-domain NMSE is at most half of fit_id's zero, so `params[0] + 0 * x` cannot win it.
 
 Data: LLM-SR's CSVs (github.com/deep-symbolic-mathematics/LLM-SR, data/, MIT licence in
 data/LICENSE), stored as float64 arrays in data/<problem>.npz by scripts/llm_sr_data.py.

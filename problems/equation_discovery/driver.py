@@ -14,8 +14,8 @@ fully trusted. What it does against a hostile program, cheaply:
   type), not numpy's module functions;
 - before and after fitting it refuses a program that replaced a function of numpy, scipy, math,
   sys, builtins or functools with code of its own (a tripwire for `np.mean = ...`: a scan of
-  those modules, about 15 ms), or that redefines a builtin name at module level (the driver's
-  own `len` would be the program's);
+  those modules, about 15 ms), that redefines a builtin name at module level (the driver's
+  own `len` would be the program's), or that left a trace or profile function installed;
 - during the fit an audit hook refuses opening files other than code (.py, .pyc, .so), frame
   and garbage-collector introspection, tracing, ctypes, new processes and importing the
   harness's own packages: the routes to the training targets in its frames or to the data on
@@ -45,6 +45,7 @@ _vpo_ed_modules = _vpo_ed_sys.modules
 # the program and this driver are one compiled unit: its functions carry this file name
 _vpo_ed_program_file = (lambda: None).__code__.co_filename
 _vpo_ed_program_module = __name__
+_vpo_ed_program = _vpo_ed_builtins.globals()  # the module's namespace: the program's and ours
 _vpo_ed_builtin_names = frozenset(vars(_vpo_ed_builtins))
 
 _vpo_ed_NPARAMS = 10
@@ -145,13 +146,16 @@ def _vpo_ed_columns(inputs):
 
 
 def _vpo_equation_discovery(train_inputs, train_target, id_inputs, ood_inputs, maxiter):
-    equation = globals().get("equation")
+    equation = _vpo_ed_program.get("equation")
     if not callable(equation):
         raise NameError("the program defines no function `equation`")
     # the driver's own lookups of builtins go through the program's globals first
-    shadowed = sorted(n for n in globals() if n in _vpo_ed_builtin_names and n[:2] != "__")
+    shadowed = sorted(n for n in _vpo_ed_program if n in _vpo_ed_builtin_names and n[:2] != "__")
     if shadowed:
         raise NameError(f"the program redefines the builtin {shadowed[0]!r}; rename it")
+    # a trace or profile function sees every frame of the fit, the training target's included
+    if _vpo_ed_sys.gettrace() is not None or _vpo_ed_sys.getprofile() is not None:
+        raise PermissionError("the program installed a trace or profile function")
     replaced = _vpo_ed_replaced()
     if replaced is not None:
         raise PermissionError(f"the program replaced {replaced}; equations may not patch libraries")
