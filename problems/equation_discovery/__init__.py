@@ -93,7 +93,7 @@ class Spec:
     target: str  # the returned quantity's meaning
     ood: str  # what makes the out-of-domain test set different
     seed: str  # the body of the seed skeleton (LLM-SR's initial equation)
-    seed_nmse: tuple[float, float]  # (test_id, test_ood), measured here: see SEED_COMMAND
+    seed_nmse: tuple[float, float]  # (test_id, test_ood), measured here (see below)
     mixtral: tuple[float, float]  # LLM-SR's NMSE with each backbone, and PySR's
     gpt35: tuple[float, float]
     pysr: tuple[float, float]
