@@ -390,3 +390,38 @@ def test_an_equation_may_import_inside_itself(sandbox: Sandbox) -> None:
     evaluation = evaluate(EquationDiscovery("oscillator1"), code, sandbox)
     assert evaluation.status == "ok", evaluation.reason
     assert evaluation.scores["fit_id"] > 0.0
+
+
+def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
+    """Completions as data through the campaign's own path: parsed, evaluated, stored with
+    the NMSE as raw value, and the next prompt states the task and shows the scores."""
+    from harness.campaign import evaluate_and_store, prepare
+    from harness.config import build
+    from harness.iteration import SampledIteration
+    from harness.llm import Completion
+    from harness.prompts import build_prompt
+    from harness.selection import Selection
+    from harness.store import Store
+
+    problem = EquationDiscovery("oscillator1")
+    config = build({"problem": problem.name, "candidates": 2, "group_size": 1})
+    store = Store.open(tmp_path / "campaign.db")
+    campaign_id = store.create_campaign("manual", problem.name, config.to_dict(), 0)
+    text = "".join(
+        f"<candidate_{i}>\n```python\n{code}```\n</candidate_{i}>\n"
+        for i, code in enumerate((BETTER, HOSTILE["nan"][0]), start=1)
+    )
+    with Sandbox(workers=2) as box:
+        campaign = prepare(config, store, problem, campaign_id, box)
+        seed = store.program(campaign.seed_id)
+        prompt = [{"role": "user", "content": "improve"}]
+        completion = Completion(text, (1, 2), None, "stop", (7, 8))
+        sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, [completion], [])
+        list(evaluate_and_store(campaign, [sampled]))
+    by_status = {p.status: p for p in store.programs(campaign_id, origin="llm")}
+    better, failed = by_status["ok"], by_status["error"]
+    assert better.scores["fit_id"] > 0.7 and better.raw["fit_id"] < 1e-5
+    assert set(failed.scores.values()) == {0.0} and "not finite" in failed.error
+    user = build_prompt(problem, better, [seed], candidates=2)[1]["content"]
+    assert "def equation(x: np.ndarray, v: np.ndarray, params: np.ndarray)" in user
+    assert "fit_id 0.7" in user and "best known 7.89e-08" in user

@@ -290,6 +290,8 @@ class EquationDiscovery(Problem):
         self.spec = spec = SPECS[key]
         self.name = f"equation_discovery:{key}"
         fit_id, fit_ood = _fit_objective(spec, 0), _fit_objective(spec, 1)
+        # half the error of the seed and of predicting the mean, in-domain
+        self.simplicity_gate = fit_id.zero / 2
         self.objectives = (
             fit_id,
             fit_ood,
@@ -298,11 +300,10 @@ class EquationDiscovery(Problem):
                 "max",
                 1.0,
                 "by definition: an equation with no fitted constant",
-                f"1 - (params the fitted equation depends on) / {NPARAMS}, when fit_id's NMSE"
-                " is at most half its zero, else 0",
+                f"1 - (params the fitted equation depends on) / {NPARAMS}, when the in-domain"
+                f" NMSE is at most {self.simplicity_gate:.3g}, else 0",
             ),
         )
-        self.simplicity_gate = fit_id.zero / 2
         names = [name for name, _ in spec.inputs]
         self.description = DESCRIPTION.format(
             subject=spec.subject,
