@@ -254,6 +254,8 @@ def dataset(key: str) -> dict[str, Split]:
         for split in ("train", "test_id", "test_ood"):
             table = stored[split]
             splits[split] = Split(np.ascontiguousarray(table[:, :-1]), table[:, -1].copy())
+            for array in (splits[split].inputs, splits[split].target):
+                array.flags.writeable = False  # cached and shared by every evaluation
     return splits
 
 
