@@ -3,8 +3,9 @@
 The candidate writes an equation skeleton, `equation(<inputs>, params)`, whose ten constants
 `params` a trusted driver fits in the sandbox as LLM-SR does (scipy BFGS from ten ones on the
 training MSE, here at most MAXITER iterations). The driver returns the fitted equation's
-predictions on the inputs of the two test sets; the test targets never leave this process,
-where `score` computes the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), on each.
+predictions on the inputs of the two test sets; the test targets are never sent to the sandbox,
+and `score` computes the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), on each here. (The
+sandbox still lets a program's module-level code read data/*.npz from disk: see driver.py.)
 
 Problems (`equation_discovery:NAME`; bare `equation_discovery` is oscillator1):
 - oscillator1: acceleration a(x, v) of a damped nonlinear oscillator with a driving force;

@@ -23,8 +23,9 @@ fully trusted. What it does against a hostile program, cheaply:
 - `equation` gets fresh copies of its inputs and of `params` on every call, and the training
   target shares no buffer with them.
 What is left (see docs/problems.md): module-level code runs before all of this with the whole
-interpreter in reach. The real defence is the parent's: it scores predictions against test
-targets that never enter this process.
+interpreter in reach, and the sandbox lets it read the installed package's data files, test
+targets included. The parent scores predictions against test targets it never sends here; that
+is a defence only while the program cannot read them from disk.
 """
 
 import builtins as _vpo_ed_builtins
