@@ -1,9 +1,10 @@
 """`vpo ui`: a read-only web dashboard over a solution database, live while a campaign writes.
 
 The server keeps, per campaign, only what the page draws (record points, 2-D Pareto fronts, a
-thinned score cloud, the best programs by mean score, progress points), never the tables. The
-first read is a handful of aggregate queries; after that every request reads only the programs
-stored since, which is correct because programs and scores are never updated once written.
+thinned score cloud, the best programs by mean score, progress points, each iteration's pool
+diversity and parse rate), never the tables. The first read is a handful of aggregate queries;
+after that every request reads only the programs and groups stored since, which is correct
+because programs, scores and groups' measures are never updated once written.
 
 Everything from the database is untrusted (model output, program code): the page builds its DOM
 with `textContent` only and is served with a Content-Security-Policy that runs no inline script,
@@ -23,12 +24,14 @@ from typing import Any
 from harness import views
 from harness.db import MAX_ID
 from harness.errors import UserError
-from harness.records import CampaignRecord
+from harness.records import CampaignRecord, IterationMeasures
 from harness.store import Store
 
 # Points the scatter cloud and the progress curve keep; they thin themselves past twice this.
 CLOUD_POINTS = 2000
 PROGRESS_POINTS = 400
+# Iterations the pool diversity and parse rate chart draws (thinned past this, means kept).
+MEASURE_POINTS = 1000
 # Best programs kept in memory per ranking (the mean and the last few weightings asked for);
 # enough for a table of 100 after removing copies.
 TOP_KEPT = 400
@@ -69,6 +72,9 @@ class CampaignView:
         self.progress: list[tuple[int, datetime]] = []
         self.progress_stride = 1
         self.groups: list[tuple[int, datetime, int]] = []
+        # Group id -> its measures, and the highest group id read.
+        self.measures: dict[int, IterationMeasures] = {}
+        self.last_measured = 0
 
     @property
     def programs(self) -> int:
@@ -132,6 +138,17 @@ class CampaignView:
         if new:
             self.groups += new
             self.last_group = new[-1][0]
+        self._read_measures()
+
+    def _read_measures(self) -> None:
+        """The measures of the groups stored since; all again when a group committed below
+        the highest id read (concurrent workers on PostgreSQL can commit out of order)."""
+        store, cid = self._store, self.campaign.id
+        if self.last_measured and store.group_count(cid, self.last_measured) != len(self.measures):
+            self.measures, self.last_measured = {}, 0
+        for measured in store.iteration_measures(cid, self.last_measured):
+            self.measures[measured.group_id] = measured
+            self.last_measured = max(self.last_measured, measured.group_id)
 
     def overview(self) -> dict[str, Any]:
         """Everything the main page draws."""
@@ -172,6 +189,7 @@ class CampaignView:
                     "tokens": tokens,
                 },
                 "training": [{"step": p.step, **_numbers(p.metrics)} for p in policies],
+                "measures": _thinned(views.measure_series(list(self.measures.values()))),
                 "last_program_id": self.last_id,
             }
 
@@ -471,6 +489,17 @@ def _keep_last_and_stride(
     points: list[tuple[int, datetime]], stride: int
 ) -> list[tuple[int, datetime]]:
     return [p for i, p in enumerate(points) if p[0] % stride == 0 or i == len(points) - 1]
+
+
+def _thinned(series: dict[str, Any]) -> dict[str, Any]:
+    """Every stride-th iteration of a measure series, and the last: about MEASURE_POINTS at
+    most. The rolling means were taken over every iteration first."""
+    count = len(series["iteration"])
+    stride = _stride(count, MEASURE_POINTS)
+    kept = [i for i in range(count) if i % stride == 0 or i == count - 1]
+    return {
+        key: value if key == "window" else [value[i] for i in kept] for key, value in series.items()
+    }
 
 
 def _minutes(at: datetime, start: datetime | None) -> float:

@@ -252,6 +252,13 @@ class RolloutGroup(Base):
     # program id it held), "islands" (programs per island)}. With many iterations in flight,
     # timing decides which programs a selection saw; this records it.
     population: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
+    # What the iteration's candidates measure (harness/measures.py), written with the group:
+    # the share of its rollouts whose m candidates all parsed, and the mean L1 distance between
+    # the reward vectors of its candidate slots that hold a program (every pair of the G x m).
+    # NULL for a skipped iteration, a diversity of fewer than two such slots, and groups
+    # recorded before the columns existed (`Store.iteration_measures` computes theirs on read).
+    parse_rate: Mapped[float | None]
+    pool_diversity: Mapped[float | None]
 
 
 class GroupDraft(Base):
@@ -331,7 +338,12 @@ class IterationClaim(Base):
 # Tables and nullable columns added within a schema version: a database without them is not
 # damaged, it predates them; a writable open adds them (readers never select them).
 ADDED_TABLES = ("iteration_claim",)
-ADDED_COLUMNS = (("rollout_group", "skipped"), ("rollout_group", "population"))
+ADDED_COLUMNS = (
+    ("rollout_group", "skipped"),
+    ("rollout_group", "population"),
+    ("rollout_group", "parse_rate"),
+    ("rollout_group", "pool_diversity"),
+)
 # Check constraints replaced within a schema version, (table, old name): earlier releases
 # clipped scores into [0, 1] and their score table refuses a record above 1. A writable open
 # puts the table's current checks in their place; readers need no change.

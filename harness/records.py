@@ -175,6 +175,20 @@ class Summary:
 
 
 @dataclass(frozen=True)
+class IterationMeasures:
+    """What one iteration's candidates measure (harness/measures.py): the share of its
+    rollouts that parsed entirely and the pool diversity of its candidate slots. None where
+    there is none: a skipped iteration has neither, fewer than two slots with a program have
+    no diversity."""
+
+    group_id: int
+    iteration: int
+    created_at: datetime
+    parse_rate: float | None
+    pool_diversity: float | None
+
+
+@dataclass(frozen=True)
 class TrainingRollout:
     prompt_token_ids: tuple[int, ...]
     token_ids: tuple[int, ...]

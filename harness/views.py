@@ -16,17 +16,18 @@ from typing import Any
 
 import numpy as np
 
+from harness import measures
 from harness.errors import UserError
-from harness.records import ProgramRecord
+from harness.records import IterationMeasures, ProgramRecord
 from harness.selection import pareto_front
 from harness.store import Store
 from problems.api import record_note
 
 
 def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
-    """What `vpo status` shows: counts by aggregate query and the best value per objective,
-    each with `record` ("record: +2.0% over best known") when it beats the best known value,
-    else None."""
+    """What `vpo status` shows: counts by aggregate query, the best value per objective, each
+    with `record` ("record: +2.0% over best known") when it beats the best known value, else
+    None, and the recent iterations' pool diversity and parse rate (`recent_measures`)."""
     summary = store.summary(campaign_id)
     return {
         "programs": summary.programs,
@@ -38,6 +39,78 @@ def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
         "policy_versions": summary.policy_versions,
         "tokens": summary.tokens,
         "best": {name: with_record(best) for name, best in summary.best.items()},
+        "measures": recent_measures(store, campaign_id),
+    }
+
+
+MEASURES = ("pool_diversity", "parse_rate")
+
+
+def recent_measures(
+    store: Store, campaign_id: int, window: int = measures.RECENT
+) -> dict[str, Any]:
+    """Of the last `window` iterations: for pool diversity and for parse rate, the newest
+    iteration's value (`latest`, from `iteration`) and the mean (`mean`) over those that have
+    one (a skipped iteration has neither, one with fewer than two programs no diversity);
+    None where none has."""
+    recent = store.iteration_measures(campaign_id, last=window)
+    report: dict[str, Any] = {"window": window}
+    for name in MEASURES:
+        values = [(m.iteration, getattr(m, name)) for m in recent if getattr(m, name) is not None]
+        report[name] = {
+            "latest": values[-1][1] if values else None,
+            "iteration": values[-1][0] if values else None,
+            "mean": float(np.mean([v for _, v in values])) if values else None,
+        }
+    return report
+
+
+def measure_series(
+    recorded: Sequence[IterationMeasures], window: int = measures.RECENT
+) -> dict[str, Any]:
+    """Per iteration, in iteration order: its pool diversity and parse rate (None where it has
+    none) and their trailing means over it and the `window` - 1 iterations before it."""
+    ordered = sorted(recorded, key=lambda m: m.iteration)
+    series: dict[str, Any] = {"window": window, "iteration": [m.iteration for m in ordered]}
+    for name in MEASURES:
+        values = [getattr(m, name) for m in ordered]
+        series[name] = values
+        series[f"{name}_mean"] = measures.rolling_mean(values, window)
+    return series
+
+
+def bestk(store: Store, campaign_id: int, k: int = measures.MAX_K) -> dict[str, Any]:
+    """best@k per objective and for the mean of the vector, and pass@k, for k = 1..`k` (at
+    most the number of slots), over every candidate slot of every rollout of the campaign;
+    an unparsed slot is a zero vector and never passes (see `harness.measures`)."""
+    if k < 1:
+        raise UserError(f"--k must be at least 1, not {k}")
+    objectives = store.objectives(campaign_id)
+    vectors, has_program = store.candidate_slots(campaign_id, objectives)
+    n = len(vectors)
+    if n == 0:
+        raise UserError(
+            "no candidates yet: the campaign has no rollouts; run some iterations first"
+        )
+    shown = min(k, n)
+    mean = vectors.mean(axis=1) if objectives else np.zeros(n)
+    best = measures.best_at_k(np.column_stack([vectors, mean]), shown)  # (k, d + 1)
+    passing = int(measures.passes(vectors).sum())
+    passed = measures.pass_at_k(n, passing, shown)
+    return {
+        "objectives": objectives,
+        "slots": n,
+        "with_program": int(has_program.sum()),
+        "passing": passing,
+        "rows": [
+            {
+                "k": i + 1,
+                "best": {name: float(best[i, j]) for j, name in enumerate(objectives)},
+                "best_mean": float(best[i, -1]),
+                "pass": float(passed[i]),
+            }
+            for i in range(shown)
+        ],
     }
 
 
@@ -254,8 +327,9 @@ def plot(
     store: Store, campaign_id: int, out: Path, pair: Sequence[str] | None = None
 ) -> list[Path]:
     """PNG files in `out`: best value per objective over evaluations, the Pareto front of each
-    pair of objectives (or of `pair`), diversity and set score over training steps, and
-    evaluations and tokens over time. Returns the files written."""
+    pair of objectives (or of `pair`), diversity and set score over training steps, pool
+    diversity and parse rate per iteration, and evaluations and tokens over time. Returns the
+    files written."""
     import itertools
 
     import matplotlib
@@ -303,6 +377,7 @@ def plot(
     title = "Training" if policies else "Training (no policy versions yet)"
     axis.set(xlabel="training step", ylabel="value", title=title)
     written.append(_save(figure, axis, out / "training.png"))
+    written.append(_plot_measures(store.iteration_measures(campaign_id), out / "iterations.png"))
 
     timeline = store.timeline(campaign_id)
     figure, axis = plt.subplots(figsize=(7, 4))
@@ -320,6 +395,29 @@ def plot(
     axis.set(xlabel="minutes", ylabel="programs stored", title="Evaluations and tokens")
     written.append(_save(figure, axis, out / "progress.png"))
     return written
+
+
+def _plot_measures(recorded: Sequence[IterationMeasures], path: Path) -> Path:
+    """Pool diversity above, parse rate below: each iteration's value as a dot, the rolling
+    mean as a line."""
+    import matplotlib.pyplot as plt
+
+    series = measure_series(recorded)
+    figure, axes = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
+    labels = {"pool_diversity": "pool diversity", "parse_rate": "parse rate"}
+    for axis, (name, label) in zip(axes, labels.items(), strict=True):
+        x = np.array(series["iteration"], dtype=float)
+        values = np.array([np.nan if v is None else v for v in series[name]], dtype=float)
+        mean = np.array([np.nan if v is None else v for v in series[f"{name}_mean"]], dtype=float)
+        axis.plot(x, values, ".", color="C0", alpha=0.35, label=f"{label} of the iteration")
+        axis.plot(x, mean, "-", color="C0", label=f"mean of the last {series['window']}")
+        axis.set(ylabel=label)
+        axis.grid(alpha=0.3)
+    axes[1].set_ylim(-0.02, 1.02)
+    title = "Candidates per iteration" if recorded else "Candidates per iteration (none yet)"
+    axes[0].set_title(title)
+    axes[0].legend(loc="upper left")
+    return _save(figure, axes[1], path)
 
 
 def _save(figure: Any, axis: Any, path: Path) -> Path:

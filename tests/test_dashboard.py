@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
 from harness.dashboard import Dashboard, create_app, is_loopback, request_host
-from harness.db import Program, Score
-from harness.records import Lineage, NewProgram
+from harness.db import Program, RolloutGroup, Score, Trajectory
+from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 
 
@@ -46,6 +46,66 @@ def test_overview_draws_what_the_database_holds(client: TestClient) -> None:
     assert sorted(p[0] for p in o["cloud"]) == [1, 2, 3, 5]
     assert o["progress"]["programs"][-1][1] == 5
     assert [t[1] for t in o["progress"]["tokens"]] == [6, 9]
+
+
+def test_overview_draws_pool_diversity_and_parse_rate_per_iteration(client: TestClient) -> None:
+    """Iteration 0's slots with a program: A (0.9, 0.1), B (0.1, 0.9), the failed C (0, 0):
+    diversity (1.6 + 1 + 1) / 3; iteration 1 has one program, so no diversity. Every rollout
+    parsed as a whole ("ok")."""
+    m = client.get("/api/overview").json()["measures"]
+    assert m["window"] == 20 and m["iteration"] == [0, 1]
+    assert m["pool_diversity"] == [pytest.approx(1.2), None]
+    assert m["pool_diversity_mean"] == [pytest.approx(1.2), pytest.approx(1.2)]
+    assert m["parse_rate"] == m["parse_rate_mean"] == [1.0, 1.0]
+
+
+def test_measures_follow_new_and_late_groups(database: str) -> None:
+    """A new iteration shows on the next read; a group committed below the highest group id
+    read (concurrent workers on PostgreSQL) is not lost, and one written without its measures
+    is measured from its rollouts."""
+    writer = Store.open(database)
+    reader = Store.open(database, read_only=True)
+    live = Dashboard(reader).view(None)
+    try:
+        assert live.overview()["measures"]["iteration"] == [0, 1]
+        unparsed = CandidateRecord(1, "unparsed", reason="no candidate 1")
+        rollout = RolloutRecord("", [], None, "stop", "none", None, [unparsed])
+        writer.record_iteration(1, NewGroup(2, 0, 1, (), [], None, [rollout]))
+        m = live.overview()["measures"]
+        assert m["iteration"] == [0, 1, 2] and m["parse_rate"] == [1.0, 1.0, 0.0]
+        assert m["parse_rate_mean"][-1] == pytest.approx(2 / 3)
+        for group_id, iteration in ((100, 4), (50, 3)):  # each its own commit
+            with writer.engine.begin() as connection:
+                connection.execute(
+                    insert(RolloutGroup),
+                    [
+                        {
+                            "id": group_id,
+                            "campaign_id": 1,
+                            "iteration": iteration,
+                            "parent_program_id": 1,
+                        }
+                    ],
+                )
+                connection.execute(
+                    insert(Trajectory),
+                    [
+                        {
+                            "group_id": group_id,
+                            "completion": "",
+                            "token_ids": [],
+                            "parse_status": "partial",
+                            "candidates": [{"index": 1, "outcome": "new", "program_id": 2}],
+                        }
+                    ],
+                )
+            seen = live.overview()["measures"]
+        assert seen["iteration"] == [0, 1, 2, 3, 4]
+        assert seen["parse_rate"] == [1.0, 1.0, 0.0, 0.0, 0.0]
+        assert seen == Dashboard(reader).view(None).overview()["measures"]
+    finally:
+        writer.close()
+        reader.close()
 
 
 def test_top_table(client: TestClient) -> None:

@@ -133,6 +133,8 @@ def test_dashboard_in_chromium(
     assert by_title["Best value per objective"] == (5, 2)  # a: 3 records, b: 2; one line each
     assert by_title["Pareto front: a vs b"] == (4 + 3, 1)  # the cloud and the front
     assert by_title["Programs stored"][1] == 1
+    # Iteration 0 has a pool diversity, both have a parse rate: three dots, two rolling means.
+    assert by_title["Pool diversity and parse rate per iteration"] == (3, 2)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
 

@@ -3,10 +3,13 @@ PostgreSQL server (tests taking `db_url` run once per engine, see conftest.py).
 
 Earlier releases clipped scores into [0, 1] and their score table checks `value <= 1`; a record
 now scores above 1. A writable open replaces that check; a read-only open reads as before.
+Their groups had no parse rate or pool diversity columns: a writable open adds them, and the
+groups recorded before are measured when read.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,12 +19,15 @@ from sqlalchemy import CheckConstraint, Engine, MetaData, create_engine, insert,
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from harness.db import SCHEMA_VERSION, Base, Score, utc_now
-from harness.records import NewProgram
+from harness.cli import main
+from harness.db import SCHEMA_VERSION, Base, RolloutGroup, Score, Trajectory, utc_now
+from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
+from harness.views import bestk
 
 OLD_CHECK = "ck_score_value_unit"
 NEW_CHECK = "ck_score_value_finite"
+MEASURE_COLUMNS = {"parse_rate", "pool_diversity"}
 
 
 def plain_engine(url: str) -> Engine:
@@ -31,8 +37,9 @@ def plain_engine(url: str) -> Engine:
 
 def old_release_database(url: str) -> None:
     """The tables an earlier release created (the same models, but the score check that
-    refused values above 1, declared as it was), in WAL mode on SQLite as its open left them,
-    holding a campaign with two programs: one at the best known value (1.0), one at 0.5."""
+    refused values above 1, declared as it was, and no measure columns on the groups), in WAL
+    mode on SQLite as its open left them, holding a campaign with two programs: one at the best
+    known value (1.0), one at 0.5."""
     metadata = MetaData(naming_convention=Base.metadata.naming_convention)
     for table in Base.metadata.tables.values():
         table.to_metadata(metadata)
@@ -47,6 +54,8 @@ def old_release_database(url: str) -> None:
                 connection.exec_driver_sql("PRAGMA journal_mode = WAL")
         with engine.begin() as connection:
             metadata.create_all(connection)
+            for column in sorted(MEASURE_COLUMNS):
+                connection.execute(text(f"ALTER TABLE rollout_group DROP COLUMN {column}"))
             tables = metadata.tables
             connection.execute(
                 insert(tables["meta"]).values(key="schema_version", value=str(SCHEMA_VERSION))
@@ -199,3 +208,87 @@ def test_sqlite_tables_keep_their_check_after_a_postgres_upgrade(
     old_release_database(old)
     Store.open(old).close()
     assert score_checks(fresh) == score_checks(old) == {NEW_CHECK}
+
+
+def old_group(url: str) -> None:
+    """Iteration 0 as the earlier release recorded it: two rollouts, "ok" with programs 1 and
+    2 in its slots, "partial" with program 2 and an unparsed slot."""
+    engine = plain_engine(url)
+    try:
+        with engine.begin() as connection:
+            # Only the columns the old table has are named (the others have no default).
+            group_id = connection.execute(
+                insert(RolloutGroup.__table__)
+                .values(campaign_id=1, iteration=0, parent_program_id=1)
+                .returning(RolloutGroup.__table__.c.id)
+            ).scalar_one()
+            for position, (status, programs) in enumerate([("ok", [1, 2]), ("partial", [2, None])]):
+                connection.execute(
+                    insert(Trajectory.__table__).values(
+                        group_id=group_id,
+                        position=position,
+                        completion="",
+                        token_ids=[],
+                        parse_status=status,
+                        candidates=[
+                            {"index": i, "outcome": "new" if p else "unparsed", "program_id": p}
+                            for i, p in enumerate(programs, start=1)
+                        ],
+                    )
+                )
+    finally:
+        engine.dispose()
+
+
+def group_columns(url: str) -> set[str]:
+    engine = plain_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {c["name"] for c in inspect(connection).get_columns("rollout_group")}
+    finally:
+        engine.dispose()
+
+
+def test_groups_of_an_earlier_release_are_measured_when_read(
+    db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Slots with a program score 1.0, 0.5 and 0.5 on `a`: pool diversity (0.5 + 0.5 + 0) / 3;
+    one rollout of two parsed entirely."""
+    old_release_database(db_url)
+    old_group(db_url)
+    assert not MEASURE_COLUMNS & group_columns(db_url)
+    with Store.open(db_url, read_only=True) as store:
+        (measured,) = store.iteration_measures(1)
+        assert measured.parse_rate == 0.5 and measured.pool_diversity == pytest.approx(1 / 3)
+        assert bestk(store, 1)["slots"] == 4
+    assert main(["status", "--db", db_url, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["measures"]
+    assert shown["parse_rate"] == {"latest": 0.5, "iteration": 0, "mean": 0.5}
+    assert not MEASURE_COLUMNS & group_columns(db_url)  # a reader changed nothing
+
+    with Store.open(db_url) as store:
+        assert MEASURE_COLUMNS <= group_columns(db_url)
+        assert store.iteration_measures(1)[0].pool_diversity == pytest.approx(1 / 3)
+        new = CandidateRecord(1, "new", NewProgram("x = 9\n", "ok", {"a": 0.75}, {}))
+        repeated = CandidateRecord(2, "duplicate", code_hash=f"{1:064d}")
+        store.record_iteration(
+            1,
+            NewGroup(
+                1,
+                0,
+                1,
+                (),
+                [],
+                None,
+                [RolloutRecord("", [], None, "stop", "ok", None, [new, repeated])],
+            ),
+        )
+        assert [(m.parse_rate, m.pool_diversity) for m in store.iteration_measures(1)] == [
+            (0.5, pytest.approx(1 / 3)),
+            (1.0, pytest.approx(0.25)),
+        ]
+        with store.engine.connect() as connection:
+            stored = connection.execute(
+                text("SELECT iteration, parse_rate FROM rollout_group ORDER BY iteration")
+            ).all()
+    assert [tuple(row) for row in stored] == [(0, None), (1, 1.0)]  # the old one is not backfilled

@@ -1,8 +1,9 @@
 """The layers DESIGN.md draws, read from the import graph: the trainer and the problems know
 nothing of the harness, the pure parts of the loop (selection and its population, prompts,
-parsing, an iteration's classification) reach neither the database nor the sandbox, and the
-views do not depend on the loop. Imports inside functions count too, and so do imports of
-imports: a layer that reaches the store through a helper module reaches the store."""
+parsing, an iteration's classification, the measures of candidates) reach neither the database
+nor the sandbox, and the views do not depend on the loop. Imports inside functions count too,
+and so do imports of imports: a layer that reaches the store through a helper module reaches
+the store."""
 
 from __future__ import annotations
 
@@ -105,11 +106,13 @@ RULES = [
     ("harness.prompts", "harness.store"),
     ("harness.parsing", "harness.store"),
     ("harness.iteration", "harness.store"),
+    ("harness.measures", "harness.store"),
     ("harness.selection", "harness.sandbox"),
     ("harness.population", "harness.sandbox"),
     ("harness.prompts", "harness.sandbox"),
     ("harness.parsing", "harness.sandbox"),
     ("harness.iteration", "harness.sandbox"),
+    ("harness.measures", "harness.sandbox"),
     ("harness.views", "harness.campaign"),
 ]
 

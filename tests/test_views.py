@@ -125,7 +125,7 @@ def test_plots_are_written(database: str, tmp_path: Path, capsys: pytest.Capture
     out = tmp_path / "plots"
     files = run(capsys, "plot", "--db", str(database), "--out", str(out))["files"]
     names = sorted(Path(f).name for f in files)
-    assert names == ["best.png", "pareto_a_b.png", "progress.png", "training.png"]
+    assert names == ["best.png", "iterations.png", "pareto_a_b.png", "progress.png", "training.png"]
     for name in names:
         data = (out / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000

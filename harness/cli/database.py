@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.cli import render
 from harness.cli.campaigns import find_campaign
-from harness.cli.flags import VpoParser, port, program_id, row_count
+from harness.cli.flags import VpoParser, k_count, port, program_id, row_count
 from harness.errors import UserError
 
 
@@ -53,7 +53,14 @@ def _add_views(db_commands: Any) -> None:
     sub.add_argument("other", type=program_id, nargs="?", default=None)
     sub = view("lineage", "ancestry through parents and drafts")
     sub.add_argument("id", type=program_id)
-    sub = view("plot", "PNG plots of progress, Pareto fronts and training")
+    sub = view("bestk", "best@k and pass@k over the campaign's candidates, k = 1..30")
+    sub.add_argument(
+        "--k",
+        type=k_count,
+        default=30,
+        help="the largest k (default 30; at most the number of candidate slots)",
+    )
+    sub = view("plot", "PNG plots of progress, Pareto fronts, iterations and training")
     sub.add_argument("--out", required=True, help="folder for the PNG files")
     sub.add_argument("--pair", default=None, help="x,y: one pair of objectives to plot")
     sub = view("export", "programs or trajectories as JSONL or Parquet")
@@ -125,6 +132,8 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
         data = views.top(store, campaign.id, objective=args.objective, weights=weights, n=args.n)
     elif command == "pareto":
         data = views.pareto(store, campaign.id)
+    elif command == "bestk":
+        data = views.bestk(store, campaign.id, args.k)
     elif command == "show":
         data = views.show(store, args.id)
     elif command == "diff":

@@ -12,6 +12,7 @@ from harness.config import CampaignConfig
 from harness.errors import UserError
 
 MAX_ROWS = 1_000_000  # `vpo db top -n`
+MAX_K = 1000  # `vpo db bestk --k`: each k is one pass over every candidate slot
 # The settings that are flags: every field made with `harness.config.setting`.
 SETTING_FLAGS = tuple(f.name for f in fields(CampaignConfig) if "help" in f.metadata)
 
@@ -97,6 +98,13 @@ def row_count(text: str) -> int:
     value = positive_int(text)
     if value > MAX_ROWS:  # more than any table shows; SQLite cannot bind past 2^63 at all
         raise argparse.ArgumentTypeError(f"-n is at most {MAX_ROWS}, not {value}")
+    return value
+
+
+def k_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_K:
+        raise argparse.ArgumentTypeError(f"--k is at most {MAX_K}, not {value}")
     return value
 
 

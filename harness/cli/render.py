@@ -142,13 +142,15 @@ def print_summary(title: str, report: dict[str, Any]) -> None:
 
 
 def print_view(command: str, data: Any) -> None:
-    """What `vpo db COMMAND` found, as a table (top, pareto, stats, lineage), a program
+    """What `vpo db COMMAND` found, as a table (top, pareto, stats, bestk, lineage), a program
     (show) or a diff."""
     from rich.console import Console
 
     console = Console()
     if command in ("top", "pareto"):
         console.print(_ranking(command, data))
+    elif command == "bestk":
+        console.print(_best_at_k(data))
     elif command == "stats":
         by_status = data["programs_by_status"].items()
         rows = [(f"programs {status}", str(n)) for status, n in by_status]
@@ -186,6 +188,25 @@ def _ranking(command: str, data: Any) -> Any:
         if command == "top":
             cells.append(f"{row['value']:.6f}")
         table.add_row(*cells)
+    return table
+
+
+def _best_at_k(data: dict[str, Any]) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        title=f"best@k and pass@k over {data['slots']} candidate slots",
+        caption=f"{data['with_program']} slots hold a program; {data['passing']} pass "
+        "(every objective at or above its best known value)",
+    )
+    # Objective names come from the problem's code: shown as text, never read as markup.
+    names = [Text(inert(f"best@k {name}")) for name in data["objectives"]]
+    for column in ["k", *names, "best@k mean", "pass@k"]:
+        table.add_column(column, justify="right")
+    for row in data["rows"]:
+        best = [f"{row['best'][name]:.6f}" for name in data["objectives"]]
+        table.add_row(str(row["k"]), *best, f"{row['best_mean']:.6f}", f"{row['pass']:.6f}")
     return table
 
 
@@ -257,6 +278,18 @@ def summary_table(title: str, report: dict[str, Any], extra: Sequence[tuple[str,
         "tokens",
     ):
         table.add_row(key.replace("_", " "), str(report[key]))
+    measured = report.get("measures")
+    if measured is not None:
+        for name, label, shown in (
+            ("pool_diversity", "pool diversity", lambda v: f"{v:.4f}"),
+            ("parse_rate", "parse rate", lambda v: f"{v:.1%}"),
+        ):
+            measure = measured[name]
+            if measure["latest"] is None:
+                table.add_row(label, "-")
+                continue
+            table.add_row(f"{label} (iteration {measure['iteration']})", shown(measure["latest"]))
+            table.add_row(f"{label} (mean of last {measured['window']})", shown(measure["mean"]))
     for row in extra:
         table.add_row(*row)
     for objective, best in report["best"].items():

@@ -16,6 +16,7 @@ One module per concern, each a part of `Store`:
     claims       iterations claimed by workers
     training     the groups a training step reads and the policy versions it adds
     inspection   programs, lineage, provenance, events and counts read back
+    measures     each iteration's parse rate and pool diversity; a campaign's candidate slots
     aggregates   the incremental queries behind the views and the dashboard
     tables       what they share: the tables, the checks before a write, records from rows
 """
@@ -27,6 +28,7 @@ from harness.store.aggregates import Aggregates
 from harness.store.claims import Claims
 from harness.store.inspection import Inspection
 from harness.store.iterations import Iterations
+from harness.store.measures import Measures
 from harness.store.opening import POSTGRES_CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S
 from harness.store.programs import Campaigns
 from harness.store.tables import CANDIDATE_OUTCOMES
@@ -43,5 +45,5 @@ __all__ = [
 ]
 
 
-class Store(Campaigns, Iterations, Claims, Training, Inspection, Aggregates):
+class Store(Campaigns, Iterations, Claims, Training, Inspection, Measures, Aggregates):
     """A solution database on SQLite or PostgreSQL; get one with `Store.open`."""

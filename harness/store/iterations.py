@@ -1,8 +1,9 @@
-"""Iterations: a group, its drafts, its rollouts, the programs their new candidates became and
-the migrations the iteration carries, in one transaction.
+"""Iterations: a group, its drafts, its rollouts, the programs their new candidates became, what
+its candidates measure (parse rate, pool diversity) and the migrations the iteration carries, in
+one transaction.
 
-Written with Core statements on one connection: about ten statements per iteration whatever G
-and m are, which keeps the harness's own time per iteration small
+Written with Core statements on one connection: about a dozen statements per iteration whatever
+G and m are, which keeps the harness's own time per iteration small
 (benchmarks/harness_overhead.py).
 """
 
@@ -20,6 +21,7 @@ from harness import faults
 from harness.db import utc_now
 from harness.errors import IterationRecorded
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord, code_hash
+from harness.store.measures import record_measures
 from harness.store.opening import Database
 from harness.store.programs import insert_programs, insert_returning_ids
 from harness.store.tables import (
@@ -103,7 +105,18 @@ def _write_iteration(
     now = utc_now()
     group_id = _insert_group(connection, campaign_id, group, now)
     if group.rollouts:
-        _write_rollouts(connection, campaign_id, group_id, group, parent.generation + 1, now)
+        slots = _write_rollouts(
+            connection, campaign_id, group_id, group, parent.generation + 1, now
+        )
+        # Parse rate and pool diversity, once each slot names the program that scores it.
+        record_measures(
+            connection,
+            group_id,
+            [
+                (rollout.parse_status, programs)
+                for rollout, programs in zip(group.rollouts, slots, strict=True)
+            ],
+        )
     if migrations:
         _migrate(connection, campaign_id, migrations, now)
     payload = {"group_id": group_id, "iteration": group.iteration, "island": group.island}
@@ -147,9 +160,10 @@ def _write_rollouts(
     group: NewGroup,
     generation: int,
     now: datetime,
-) -> None:
+) -> list[list[int | None]]:
     """The rollouts, the programs their new candidates became, and then each rollout's
-    candidate slots naming the program that scores the slot."""
+    candidate slots naming the program that scores the slot; those programs, per rollout
+    (None for an unparsed slot)."""
     trajectory_ids = _insert_trajectories(connection, group_id, group, now)
     parent, island = group.parent_id, group.island
     # Each new candidate, its program, and the lineage the group and its rollout give it.
@@ -173,7 +187,7 @@ def _write_rollouts(
     for (candidate, _, _), program_id in zip(fresh, program_ids, strict=True):
         known.setdefault(digests[id(candidate)], program_id)
     known.update(_earlier_programs(connection, campaign_id, group.rollouts, known))
-    _fill_slots(connection, trajectory_ids, group.rollouts, digests, known)
+    return _fill_slots(connection, trajectory_ids, group.rollouts, digests, known)
 
 
 def _insert_trajectories(
@@ -232,20 +246,20 @@ def _fill_slots(
     rollouts: Sequence[RolloutRecord],
     digests: Mapping[int, str],
     known: Mapping[str, int],
-) -> None:
-    """Each trajectory's candidate slots, in one statement for the group."""
+) -> list[list[int | None]]:
+    """Each trajectory's candidate slots, in one statement for the group; the program each
+    slot names, per rollout."""
+    slots = [[_slot(c, digests, known) for c in rollout.candidates] for rollout in rollouts]
     connection.execute(
         update(TRAJECTORY)
         .where(TRAJECTORY.c.id == bindparam("trajectory"))
         .values(candidates=bindparam("slots")),
         [
-            {
-                "trajectory": trajectory_id,
-                "slots": [_slot(c, digests, known) for c in rollout.candidates],
-            }
-            for trajectory_id, rollout in zip(trajectory_ids, rollouts, strict=True)
+            {"trajectory": trajectory_id, "slots": filled}
+            for trajectory_id, filled in zip(trajectory_ids, slots, strict=True)
         ],
     )
+    return [[slot["program_id"] for slot in filled] for filled in slots]
 
 
 def _slot(

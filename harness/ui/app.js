@@ -98,9 +98,10 @@ function extent(values, pad = 0) {
   return [lo - margin, hi + margin];
 }
 
-// series: [{name, points: [[x, y, programId?]], kind}]; kinds: "line" (a path), "trend" (a path
-// with dots), "step" (a staircase with dots), "scatter", "cloud" (faint dots), "front" (the
-// Pareto front: red dots joined), "reference" (a dashed grey line, no dots).
+// series: [{name, points: [[x, y, programId?]], kind, color?}]; kinds: "line" (a path), "trend"
+// (a path with dots), "step" (a staircase with dots), "scatter", "cloud" (faint grey dots),
+// "faint" (faint dots in the series' colour), "front" (the Pareto front: red dots joined),
+// "reference" (a dashed grey line, no dots). `color` picks the colour of another series index.
 function chart(title, series, xlabel, ylabel) {
   const box = el("div", { class: "plot" }, el("h3", { text: title }));
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
@@ -128,8 +129,8 @@ function chart(title, series, xlabel, ylabel) {
   root.append(svg("text", { x: 12, y: (M.top + H - M.bottom) / 2, "text-anchor": "middle",
     transform: `rotate(-90 12 ${(M.top + H - M.bottom) / 2})` }, ylabel));
   series.forEach((s, i) => {
-    const cls = `series-${i % 5}`;
-    if (s.kind !== "cloud" && s.kind !== "scatter") {
+    const cls = `series-${(s.color ?? i) % 5}`;
+    if (!["cloud", "scatter", "faint"].includes(s.kind)) {
       let d = "";
       s.points.forEach((p, j) => {
         if (j === 0) d += `M${sx(p[0])},${sy(p[1])}`;
@@ -142,8 +143,10 @@ function chart(title, series, xlabel, ylabel) {
     if (s.kind !== "line" && s.kind !== "reference") {
       for (const p of s.points) {
         if (s.kind === "step" && p[2] === undefined) continue; // the line's run to the present
-        const kind = s.kind === "cloud" ? "cloud" : s.kind === "front" ? "front" : `point ${cls}`;
-        const dot = svg("circle", { class: kind, cx: sx(p[0]), cy: sy(p[1]), r: s.kind === "cloud" ? 2.5 : 3.5 });
+        const kind = s.kind === "cloud" ? "cloud" : s.kind === "front" ? "front"
+          : s.kind === "faint" ? `faint ${cls}` : `point ${cls}`;
+        const small = s.kind === "cloud" || s.kind === "faint";
+        const dot = svg("circle", { class: kind, cx: sx(p[0]), cy: sy(p[1]), r: small ? 2.5 : 3.5 });
         if (p[2] !== undefined) {
           dot.append(svg("title", {}, `program ${p[2]}: ${fmt(p[0])}, ${fmt(p[1])}`));
           dot.addEventListener("click", () => { location.hash = `#/program/${p[2]}`; });
@@ -155,7 +158,8 @@ function chart(title, series, xlabel, ylabel) {
   const named = series.map((s, i) => [s, i]).filter(([s]) => s.name);
   if (named.length) {
     box.append(el("div", { class: "legend" }, ...named.map(([s, i]) =>
-      el("span", {}, el("i", { class: s.kind === "front" || s.kind === "reference" ? s.kind : `series-${i % 5}` }), s.name))));
+      el("span", {}, el("i", { class: s.kind === "front" || s.kind === "reference" ? s.kind
+        : `series-${(s.color ?? i) % 5}` }), s.name))));
   }
   box.append(root);
   return box;
@@ -216,11 +220,25 @@ function renderPlots(o) {
     keys.map((key) => ({ name: key, kind: "trend",
       points: o.training.filter((m) => key in m).map((m) => [m.step, m[key]]) })),
     "training step", "value"));
+  plots.push(measuresChart(o.measures));
   plots.push(chart("Programs stored", [{ name: "programs", kind: "line", points: o.progress.programs }],
     "minutes", "programs"));
   plots.push(chart("Tokens generated", [{ name: "tokens", kind: "line", points: o.progress.tokens }],
     "minutes", "tokens"));
   $("plots").replaceChildren(...plots);
+}
+
+// Each iteration's pool diversity and parse rate as faint dots, their rolling means as lines in
+// the same colours; an iteration without a value (skipped, or fewer than two programs for the
+// diversity) has no dot.
+function measuresChart(m) {
+  const points = (key) => m.iteration.map((x, j) => [x, m[key][j]]).filter((p) => p[1] !== null);
+  const series = [];
+  [["pool_diversity", "pool diversity"], ["parse_rate", "parse rate"]].forEach(([key, label], color) => {
+    series.push({ kind: "faint", color, points: points(key) });
+    series.push({ name: `${label} (mean of ${m.window})`, kind: "line", color, points: points(`${key}_mean`) });
+  });
+  return chart("Pool diversity and parse rate per iteration", series, "iteration", "value");
 }
 
 function renderRankChoices(objectives) {

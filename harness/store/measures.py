@@ -1,0 +1,183 @@
+"""What each iteration's candidates measure, written with the iteration and read back as a
+series, and every candidate slot of a campaign as one array for best@k and pass@k.
+
+The definitions are `harness.measures`'s; here are the rows they read. A group recorded before
+`rollout_group` had the columns (or read from such a database opened read-only, which lacks
+them) has no stored values: reading computes them from its rollouts the same way, without
+writing them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, inspect, select, update
+from sqlalchemy.engine import Connection
+
+from harness.measures import parse_rate, pool_diversity
+from harness.records import IterationMeasures
+from harness.store.opening import Database
+from harness.store.tables import GROUP, ID_BATCH, PROGRAM, SCORE, TRAJECTORY
+
+# A rollout's parse status and the program of each of its candidate slots (None: unparsed).
+Rollout = tuple[str, Sequence[int | None]]
+
+
+class Measures(Database):
+    def iteration_measures(
+        self, campaign_id: int, after_group: int = 0, last: int | None = None
+    ) -> list[IterationMeasures]:
+        """The measures of the campaign's groups with id > `after_group` (of its `last`
+        iterations, when given), in iteration order; computed from the rollouts for a group
+        recorded before they were stored."""
+        with self._reading() as connection:
+            stored = _has_measures(connection)
+            columns = [GROUP.c.id, GROUP.c.iteration, GROUP.c.created_at]
+            if stored:
+                columns += [GROUP.c.parse_rate, GROUP.c.pool_diversity, GROUP.c.skipped]
+            query = select(*columns).where(
+                GROUP.c.campaign_id == campaign_id, GROUP.c.id > after_group
+            )
+            if last is not None:
+                query = query.order_by(GROUP.c.iteration.desc()).limit(last)
+            rows = sorted(connection.execute(query).all(), key=lambda row: row.iteration)
+            # Without a parse rate a group is skipped (no rollouts) or predates the columns.
+            older = [
+                row.id
+                for row in rows
+                if not stored or (row.parse_rate is None and row.skipped is None)
+            ]
+            computed = _measure_groups(connection, _rollouts_of(connection, older))
+        records = []
+        for row in rows:
+            rate, diversity = (
+                computed.get(row.id, (None, None))
+                if row.id in older
+                else (row.parse_rate, row.pool_diversity)
+            )
+            records.append(
+                IterationMeasures(row.id, row.iteration, row.created_at, rate, diversity)
+            )
+        return records
+
+    def group_count(self, campaign_id: int, upto: int) -> int:
+        """How many of the campaign's groups have id <= `upto`."""
+        with self._reading() as connection:
+            return (
+                connection.scalar(
+                    select(func.count()).where(
+                        GROUP.c.campaign_id == campaign_id, GROUP.c.id <= upto
+                    )
+                )
+                or 0
+            )
+
+    def candidate_slots(
+        self, campaign_id: int, objectives: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every candidate slot of every rollout of the campaign, in iteration and rollout
+        order: (vectors (n, d) of its program's scores in `objectives` order, zeros for an
+        unparsed slot and for an objective the program lacks; has_program (n,))."""
+        column = {name: j for j, name in enumerate(objectives)}
+        with self._reading() as connection:
+            slots = [
+                program_id
+                for (candidates,) in connection.execute(
+                    select(TRAJECTORY.c.candidates)
+                    .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
+                    .where(GROUP.c.campaign_id == campaign_id)
+                    .order_by(GROUP.c.iteration, TRAJECTORY.c.position)
+                )
+                for program_id in _slot_programs(candidates)
+            ]
+            # Read after the slots (on PostgreSQL each statement sees the latest commits): a
+            # program a slot names was committed with it, so is found.
+            scores: dict[int, np.ndarray] = {}
+            for program_id, objective, value in connection.execute(
+                select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value)
+                .join(PROGRAM, PROGRAM.c.id == SCORE.c.program_id)
+                .where(PROGRAM.c.campaign_id == campaign_id)
+            ):
+                j = column.get(objective)
+                if j is not None:
+                    scores.setdefault(program_id, np.zeros(len(objectives)))[j] = value
+        vectors = np.zeros((len(slots), len(objectives)))
+        for row, program_id in enumerate(slots):
+            if program_id in scores:
+                vectors[row] = scores[program_id]
+        return vectors, np.array([program_id is not None for program_id in slots], dtype=bool)
+
+
+def record_measures(connection: Connection, group_id: int, rollouts: Sequence[Rollout]) -> None:
+    """Store a group's measures, in the caller's transaction (the one that writes it)."""
+    rate, diversity = _measure_groups(connection, {group_id: rollouts}).get(group_id, (None, None))
+    connection.execute(
+        update(GROUP)
+        .where(GROUP.c.id == group_id)
+        .values(parse_rate=rate, pool_diversity=diversity)
+    )
+
+
+def _measure_groups(
+    connection: Connection, groups: Mapping[int, Sequence[Rollout]]
+) -> dict[int, tuple[float | None, float | None]]:
+    """Group id -> (parse rate, pool diversity), the slots' scores read `ID_BATCH` programs a
+    query (one query for any group of up to that many distinct programs)."""
+    wanted = sorted(
+        {
+            pid
+            for rollouts in groups.values()
+            for _, slots in rollouts
+            for pid in slots
+            if pid is not None
+        }
+    )
+    scores: dict[int, dict[str, float]] = {}
+    for start in range(0, len(wanted), ID_BATCH):
+        for program_id, objective, value in connection.execute(
+            select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value).where(
+                SCORE.c.program_id.in_(wanted[start : start + ID_BATCH])
+            )
+        ):
+            scores.setdefault(program_id, {})[objective] = value
+    # An objective no program here has is 0 for all of them, which moves no distance.
+    objectives = sorted({name for by_name in scores.values() for name in by_name})
+    measured = {}
+    for group_id, rollouts in groups.items():
+        vectors = [
+            [scores.get(pid, {}).get(name, 0.0) for name in objectives]
+            for _, slots in rollouts
+            for pid in slots
+            if pid is not None
+        ]
+        measured[group_id] = (
+            parse_rate([status for status, _ in rollouts]),
+            pool_diversity(np.array(vectors).reshape(len(vectors), len(objectives))),
+        )
+    return measured
+
+
+def _rollouts_of(connection: Connection, group_ids: Sequence[int]) -> dict[int, list[Rollout]]:
+    """The stored rollouts of these groups, as `_measure_groups` takes them."""
+    rollouts: dict[int, list[Rollout]] = {}
+    for start in range(0, len(group_ids), ID_BATCH):
+        for group_id, status, candidates in connection.execute(
+            select(TRAJECTORY.c.group_id, TRAJECTORY.c.parse_status, TRAJECTORY.c.candidates)
+            .where(TRAJECTORY.c.group_id.in_(group_ids[start : start + ID_BATCH]))
+            .order_by(TRAJECTORY.c.group_id, TRAJECTORY.c.position)
+        ):
+            rollouts.setdefault(group_id, []).append((status, _slot_programs(candidates)))
+    return rollouts
+
+
+def _has_measures(connection: Connection) -> bool:
+    # A database of an earlier release opened read-only (so not upgraded) lacks the columns.
+    names = {column["name"] for column in inspect(connection).get_columns(GROUP.name)}
+    return {"parse_rate", "pool_diversity", "skipped"} <= names
+
+
+def _slot_programs(candidates: Sequence[dict[str, Any]]) -> list[int | None]:
+    """The program of each candidate slot 1..m, in order; None for an unparsed one."""
+    return [slot.get("program_id") for slot in sorted(candidates, key=lambda s: s["index"])]
