@@ -413,7 +413,8 @@ def _plot_measures(recorded: Sequence[IterationMeasures], path: Path) -> Path:
         axis.plot(x, mean, "-", color="C0", label=f"mean of the last {series['window']}")
         axis.set(ylabel=label)
         axis.grid(alpha=0.3)
-    axes[1].set_ylim(-0.02, 1.02)
+    axes[1].set(xlabel="iteration", ylim=(-0.02, 1.02))
+    axes[1].xaxis.get_major_locator().set_params(integer=True)
     title = "Candidates per iteration" if recorded else "Candidates per iteration (none yet)"
     axes[0].set_title(title)
     axes[0].legend(loc="upper left")

@@ -362,6 +362,13 @@ def campaign_invariants(
             ).all()
             assert all(d <= seen["upto"] for d in drafts)
             assert sorted(t.position for t in trajectories) == expected
+            # What its candidates measure is stored with it (harness/measures.py).
+            if trajectories:
+                parsed = [t.parse_status == "ok" for t in trajectories]
+                assert group.parse_rate == pytest.approx(sum(parsed) / len(parsed))
+            else:
+                assert group.parse_rate is None and group.pool_diversity is None
+            assert group.pool_diversity is None or group.pool_diversity >= 0
             for trajectory in trajectories:
                 assert [c["index"] for c in trajectory.candidates] == list(range(1, m + 1))
                 assert trajectory.num_tokens == len(trajectory.token_ids)
