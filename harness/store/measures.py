@@ -43,13 +43,14 @@ class Measures(Database):
             if last is not None:
                 query = query.order_by(GROUP.c.iteration.desc()).limit(last)
             rows = sorted(connection.execute(query).all(), key=lambda row: row.iteration)
-            # Without a parse rate a group is skipped (no rollouts) or predates the columns.
-            older = [
+            # Without a parse rate a group is skipped (no rollouts) or was written without the
+            # columns (before they existed, or by an earlier release's process since).
+            older = {
                 row.id
                 for row in rows
                 if not stored or (row.parse_rate is None and row.skipped is None)
-            ]
-            computed = _measure_groups(connection, _rollouts_of(connection, older))
+            }
+            computed = _measure_groups(connection, _rollouts_of(connection, sorted(older)))
         records = []
         for row in rows:
             rate, diversity = (
