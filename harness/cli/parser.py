@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli import campaigns, database, programs, train
+from harness.cli import campaigns, database, programs, train, warmup
 from harness.cli.flags import VpoParser
 
 
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     programs.add_commands(commands)  # problems, eval
     campaigns.add_commands(commands)  # run, worker
     train.add_commands(commands)
+    warmup.add_commands(commands)
     database.add_commands(commands)  # status, db, ui
     campaigns.add_config_command(commands)  # config show
     return parser

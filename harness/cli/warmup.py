@@ -1,0 +1,96 @@
+"""`vpo warmup`: teach a model the answer format from its own well-formed answers
+(harness/warmup.py), and say how the parse rate moved."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from harness.cli.flags import positive_float, positive_int
+from harness.config import LORA_LEARNING_RATE
+from harness.errors import UserError
+from harness.warmup import WarmupSettings
+
+DEFAULTS = WarmupSettings()
+
+
+def add_commands(commands: Any) -> None:
+    p = commands.add_parser(
+        "warmup",
+        help="fine-tune a model on its own well-formed answers to a problem's first prompt, "
+        "so that it writes all m candidates in their tags (before a campaign)",
+    )
+    p.add_argument("problem", help="a registered problem name, or a folder holding problem.py")
+    p.add_argument("--out", required=True, help="an empty folder for the warmed-up model")
+    p.add_argument("--config", default=None, help="a TOML file with campaign settings")
+    p.add_argument("--model", default=None, help="the model to warm up (default: the campaign's)")
+    p.add_argument("--backend", default=None, help="what samples: auto, vllm or transformers")
+    p.add_argument("--candidates", "-m", type=positive_int, default=None)
+    p.add_argument("--max-tokens", dest="max_tokens", type=positive_int, default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=DEFAULTS.samples,
+        help=f"answers sampled to choose the well-formed from (default {DEFAULTS.samples})",
+    )
+    p.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=DEFAULTS.epochs,
+        help=f"passes over the well-formed answers (default {DEFAULTS.epochs})",
+    )
+    p.add_argument(
+        "--measure",
+        type=int,
+        default=DEFAULTS.measure,
+        help=f"answers sampled after, to measure the parse rate (default {DEFAULTS.measure}; 0: "
+        "skip)",
+    )
+    p.add_argument("--full", action="store_true", help="train every weight, not a LoRA adapter")
+    p.add_argument("--lora-rank", dest="lora_rank", type=positive_int, default=DEFAULTS.lora_rank)
+    p.add_argument(
+        "--lr",
+        dest="learning_rate",
+        type=positive_float,
+        default=None,
+        help=f"learning rate (default {LORA_LEARNING_RATE:g} for LoRA, 1e-5 for --full)",
+    )
+    p.set_defaults(handler=cmd_warmup)
+
+
+def cmd_warmup(args: argparse.Namespace) -> int:
+    from harness.cli.programs import program_problem
+    from harness.config import build, load_toml
+    from harness.warmup import warm_up
+
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not an empty folder")
+    problem = program_problem(args.problem)
+    flags = {
+        "problem": args.problem,
+        "model": args.model,
+        "backend": args.backend,
+        "candidates": args.candidates,
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+    }
+    file = load_toml(args.config) if args.config else {}
+    config = build(file, flags, where=args.config or "the flags")
+    settings = WarmupSettings(
+        samples=args.samples,
+        epochs=args.epochs,
+        measure=args.measure,
+        lora=not args.full,
+        lora_rank=args.lora_rank,
+        learning_rate=args.learning_rate or (1e-5 if args.full else LORA_LEARNING_RATE),
+    )
+    report = warm_up(config, problem, settings, out)
+    before, after = report["parse_rate_before"], report.get("parse_rate_after")
+    moved = "" if after is None else f", parse rate {before:.0%} -> {after:.0%}"
+    print(f"model written to {out} (vpo run {args.problem} --model {out}){moved}")
+    return 0
