@@ -242,13 +242,20 @@ def evolve(
     todo = campaign.store.missing_iterations(campaign.campaign_id, config.iterations)
     streak = FailureStreak(config.max_failures)
     width = settings.concurrency
+    # Tokens generated so far, the batches of this run counted as they are sampled.
+    spent = campaign.store.summary(campaign.campaign_id).tokens if config.token_budget else 0
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
         pending: Future[None] | None = None
         for start in range(0, len(todo), width):
+            if config.token_budget and spent >= config.token_budget:
+                if say:
+                    say(f"token budget spent: {spent} of {config.token_budget} tokens generated")
+                break
             version = campaign.trainer.version_id if campaign.trainer else None
             batch = sample_batch(
                 campaign, generator, todo[start : start + width], settings, version
             )
+            spent += sum(len(c.token_ids) for sampled in batch for c in sampled.completions)
             if pending is not None:
                 pending.result()  # the batch before is stored before this one
                 train(campaign, generator)

@@ -149,6 +149,11 @@ class CampaignConfig:
     seed: int = setting(0, "random seed ({default})")
     # total for the campaign: a resumed run continues up to this many
     iterations: int = setting(20, "total iterations ({default})")
+    # a budget of generated tokens (completions) for the whole campaign, for comparing runs at
+    # an equal cost: no new batch starts once it is spent (0: none)
+    token_budget: int = setting(
+        0, "stop starting batches once this many tokens are generated ({default}: no limit)"
+    )
     # best-of-n always prompts with the seed
     strategy: str = setting("evolve", "evolve or best-of-n ({default})")
     # model
@@ -224,6 +229,7 @@ class CampaignConfig:
         _check_floats(self)
         _require(bool(self.problem), "problem", "a problem name or folder")
         _require(self.iterations >= 0, "iterations", "a whole number >= 0")
+        _require(self.token_budget >= 0, "token_budget", "a whole number >= 0 (0: no limit)")
         _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES))
         _require(self.backend in BACKENDS, "backend", " or ".join(BACKENDS))
         _require(bool(self.model), "model", "a model name, Hugging Face id or folder")

@@ -372,3 +372,21 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     ids = torch.tensor([store.training_groups(campaign_id)[0].rollouts[0].prompt_token_ids])
     with torch.no_grad():
         assert not torch.allclose(generator.hf_model(ids).logits, start(ids).logits)
+
+
+def test_a_token_budget_stops_the_campaign_at_the_batch_that_spends_it(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """Runs compared at an equal cost: no batch starts once the generated tokens reach the
+    budget, so a campaign ends within one batch past it, whatever its iteration budget."""
+    config = build(fast_settings(tiny_model, iterations=6, concurrency=1, token_budget=60))
+    store = Store.open(tmp_path / "campaign.db")
+    lines: list[str] = []
+    campaign_id = run_campaign(config, store, CirclePacking(), say=lines.append)
+    summary = store.summary(campaign_id)
+    groups = store.iterations_done(campaign_id)
+    assert summary.tokens >= 60 and 0 < groups < 6
+    # One batch (one iteration of G = 2 rollouts of at most 24 tokens) less was under budget.
+    assert summary.tokens - 2 * 24 < 60
+    assert any(line.startswith("token budget spent") for line in lines)
+    campaign_invariants(store, campaign_id, groups, 2, 2)
