@@ -1,0 +1,506 @@
+"""Discovery at an equal budget of generated tokens: no training, GRPO and VPO in the loop.
+
+    python benchmarks/discovery.py [--arms none,grpo,vpo] [--seeds 0,1,2] [--model qwen-coder]
+        [--token-budget 12000] [--group-size 4] [--max-tokens 512] [--train-every 1]
+        [--micro-batch 1] [--keep DIR] [--out FILE.md] [--plot FILE.png]
+
+Arms, on one problem (equation_discovery:oscillator1) with the same model, backend, G,
+max_tokens, temperature, token budget and LoRA settings:
+
+    none   m = 3 candidates per rollout, no training (evolution alone)
+    grpo   m = 1, one LoRA step of GRPO after every `train_every` new groups
+    vpo    m = 3, one LoRA step of VPO after every `train_every` new groups
+
+Each (arm, seed) is a whole `vpo run` process on a fresh SQLite database with
+`--token-budget`: it stops starting batches once it has generated that many tokens (at most one
+batch past it), so every arm pays the same generation cost; `--iterations` is set high enough
+never to bind. The wall clock runs from start to exit (model loading, evaluation and training
+steps included). One iteration is in flight by default, so that the groups after a step are
+sampled by the new weights (vLLM's CPU default of 8 would spend the budget in a batch or two).
+
+Measured per run, from its database: the best score per objective among valid programs as a
+function of the tokens generated before the program's group was stored (a running max; the
+seed counts at 0 tokens); the hypervolume of the valid programs' score vectors (reference
+point 0 in every objective, exact, by slicing); the mean over iterations of pool diversity
+(mean pairwise L1 distance between the reward vectors of a group's candidate slots: G x m
+slots, so G for GRPO) and of parse rate (the share of rollouts whose m candidates all parsed),
+the parse rate of the first and the second half of the iterations; tokens/s over the wall;
+training steps and their seconds. Per arm: mean and [min, max] over seeds.
+
+Prints a table and writes it to benchmarks/results/discovery.md and the plot (best per
+objective and hypervolume against tokens generated, mean over seeds with a min-max band) to
+benchmarks/results/discovery.png. Nothing else should run on the machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from reporting import publish  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+PROBLEM = "equation_discovery:oscillator1"
+# Arm -> (candidates per rollout, advantage estimator; None: no training).
+ARMS: dict[str, tuple[int, str | None]] = {
+    "none": (3, None),
+    "grpo": (1, "grpo"),
+    "vpo": (3, "vpo"),
+}
+ARM_TITLES = {
+    "none": "no training (m = 3)",
+    "grpo": "GRPO in the loop (m = 1)",
+    "vpo": "VPO in the loop (m = 3)",
+}
+GRID_POINTS = 101  # points on the tokens axis where the seeds' curves are averaged
+STDERR_TAIL_LINES = 3
+STOP_GRACE_S = 10
+
+
+# The measures: pure functions on arrays.
+
+
+def pareto_front(points: np.ndarray) -> np.ndarray:
+    """The rows of `points` (n, d) no other row dominates (>= everywhere, > somewhere), each
+    distinct row once; maximising."""
+    points = np.unique(np.asarray(points, dtype=np.float64), axis=0)
+    geq = np.all(points[:, None, :] >= points[None, :, :], axis=2)  # geq[i, j]: i >= j
+    dominated = np.any(geq & ~np.eye(len(points), dtype=bool), axis=0)
+    return points[~dominated]
+
+
+def hypervolume(points: np.ndarray) -> float:
+    """The volume of the union of the boxes [0, p] over the rows p of `points` (n, d): the
+    region the set dominates above the reference point 0, maximising; coordinates below 0
+    count as 0.
+
+    Slicing along the last objective: with the points sorted so that z_1 >= z_2 >= ... >= z_n
+    and z_{n+1} = 0, the slab z_{i+1} < z <= z_i is crossed by exactly the boxes of points
+    1..i, so HV_d = sum_i (z_i - z_{i+1}) * HV_{d-1}(points 1..i without their last
+    coordinate), and HV_1 is the largest value. Exact; O(n^d) on the front, which here
+    holds tens of points."""
+    points = np.clip(np.asarray(points, dtype=np.float64), 0.0, None)
+    points = points[np.all(points > 0, axis=1)]  # a box with a zero side has no volume
+    if len(points) == 0:
+        return 0.0
+    points = pareto_front(points)
+    if points.shape[1] == 1:
+        return float(points.max())
+    points = points[np.argsort(-points[:, -1], kind="stable")]
+    levels = np.append(points[:, -1], 0.0)
+    return float(
+        sum(
+            (levels[i] - levels[i + 1]) * hypervolume(points[: i + 1, :-1])
+            for i in range(len(points))
+            if levels[i] > levels[i + 1]
+        )
+    )
+
+
+def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The running best of `values` (n,) or (n, d) among the entries whose `tokens` (n,) are
+    at most each point of `grid`: shape (len(grid),) or (len(grid), d); -inf before any."""
+    order = np.argsort(tokens, kind="stable")
+    running = np.maximum.accumulate(np.asarray(values, dtype=np.float64)[order], axis=0)
+    upto = np.searchsorted(np.asarray(tokens)[order], grid, side="right")  # entries <= x
+    padded = np.concatenate([np.full((1, *running.shape[1:]), -np.inf), running])
+    return padded[upto]
+
+
+def hypervolume_so_far(tokens: np.ndarray, vectors: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The hypervolume of the vectors (n, d) whose tokens (n,) are at most each grid point."""
+    return np.array([hypervolume(vectors[tokens <= x]) for x in grid])
+
+
+def mean_of(values: Sequence[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return float(np.mean(present)) if present else float("nan")
+
+
+# One run: a `vpo run` process, then its database read back.
+
+
+@dataclass(frozen=True)
+class RunResult:
+    arm: str
+    seed: int
+    objectives: list[str]
+    wall_s: float
+    tokens: int
+    iterations: int
+    steps: int
+    train_s: float
+    program_tokens: np.ndarray  # (n,) tokens generated when each valid program was stored
+    program_scores: np.ndarray  # (n, d) the valid programs' score vectors
+    diversity: float
+    parse_rate: float
+    parse_first_half: float
+    parse_second_half: float
+
+    @property
+    def best(self) -> np.ndarray:
+        return self.program_scores.max(axis=0)
+
+    @property
+    def hypervolume(self) -> float:
+        return hypervolume(self.program_scores)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+
+def database(folder: Path, arm: str, seed: int) -> Path:
+    return folder / f"{arm}-seed{seed}.db"
+
+
+def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list[str]:
+    candidates, advantage = ARMS[arm]
+    command = [
+        sys.executable, "-m", "harness.cli", "run", args.problem, "--db", str(db),
+        "--seed", str(seed), "--model", args.model, "--backend", args.backend,
+        "--concurrency", str(args.concurrency), "--candidates", str(candidates),
+        "--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens),
+        "--temperature", str(args.temperature), "--iterations", str(args.iterations),
+        "--token-budget", str(args.token_budget),
+    ]  # fmt: skip
+    if advantage is not None:
+        # `micro_batch` has no flag: it goes in a config file beside the database.
+        config = db.with_suffix(".toml")
+        config.write_text(f"[training]\nmicro_batch = {args.micro_batch}\n")
+        command += [
+            "--config", str(config), "--train-every", str(args.train_every),
+            "--advantage", advantage, "--lora", "--lora-rank", str(args.lora_rank),
+            "--lr", str(args.lr),
+        ]  # fmt: skip
+    return command
+
+
+def run(arm: str, seed: int, args: argparse.Namespace, folder: Path, label: str) -> RunResult:
+    """One `vpo run` to its end, its iteration lines echoed to stderr; a failed run stops the
+    benchmark with the tail of its stderr."""
+    db = database(folder, arm, seed)
+    log = db.with_suffix(".stderr")
+    started = time.perf_counter()
+    with log.open("w") as stderr:
+        # Its own process group, so that a stopped benchmark stops the run with its sandbox.
+        process = subprocess.Popen(
+            run_command(arm, seed, args, db),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert process.stdout is not None
+            for line in process.stdout:  # one plain line per iteration when not on a terminal
+                if line.startswith(("iteration ", "token budget")):
+                    print(f"  {label} {line.rstrip()}", file=sys.stderr, flush=True)
+            returncode = process.wait()
+        finally:
+            stop(process)
+    wall = time.perf_counter() - started
+    if returncode != 0:
+        lines = [line.strip() for line in log.read_text().splitlines() if line.strip()]
+        # `vpo` says what went wrong in one line; otherwise the end of a traceback.
+        said = [line for line in lines if line.startswith("vpo: error:")]
+        tail = said[-1:] or lines[-STDERR_TAIL_LINES:] or ["nothing on stderr"]
+        raise SystemExit(f"{label} failed (exit {returncode}): " + " / ".join(tail))
+    return read_run(arm, seed, db, wall)
+
+
+def stop(process: subprocess.Popen[str]) -> None:
+    """End a run still going: SIGTERM to its process group, SIGKILL after a grace period."""
+    if process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=STOP_GRACE_S)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
+    from harness.store import Store
+
+    with Store.open(db, read_only=True) as store:
+        campaign_id = store.campaigns()[0].id
+        objectives = store.objectives(campaign_id)
+        summary = store.summary(campaign_id)
+        # Tokens generated up to and including each group, in the order groups were stored.
+        group_of: dict[int, int] = {}
+        group_tokens: dict[int, int] = {}
+        for group, trajectories in store.iter_trajectory_groups(campaign_id):
+            group_tokens[group["id"]] = sum(t["num_tokens"] for t in trajectories)
+            group_of.update((t["id"], group["id"]) for t in trajectories)
+        spent, total = {}, 0
+        for group_id in sorted(group_tokens):
+            total += group_tokens[group_id]
+            spent[group_id] = total
+        tokens, scores, now = [], [], 0
+        for program in store.iter_programs(campaign_id):
+            # A program without a trajectory (the seed, a migrant's copy) came with no tokens.
+            if program.trajectory_id is not None:
+                now = spent[group_of[program.trajectory_id]]
+            if program.status == "ok":
+                tokens.append(now)
+                scores.append([program.scores.get(name, 0.0) for name in objectives])
+        measures = store.iteration_measures(campaign_id)
+        policies = store.policies(campaign_id)
+    rates = [m.parse_rate for m in measures if m.parse_rate is not None]
+    half = len(rates) // 2
+    return RunResult(
+        arm=arm,
+        seed=seed,
+        objectives=objectives,
+        wall_s=wall,
+        tokens=summary.tokens,
+        iterations=summary.groups,
+        steps=summary.policy_versions,
+        train_s=sum(float(p.metrics.get("seconds", 0.0)) for p in policies),
+        program_tokens=np.array(tokens, dtype=np.int64),
+        program_scores=np.array(scores, dtype=np.float64).reshape(len(scores), len(objectives)),
+        diversity=mean_of([m.pool_diversity for m in measures]),
+        parse_rate=mean_of(rates),
+        parse_first_half=mean_of(rates[:half]),
+        parse_second_half=mean_of(rates[half:]),
+    )
+
+
+# The report.
+
+
+def spread(values: Sequence[float], digits: int = 3, *, bounds: bool = True) -> str:
+    """mean [min, max] over seeds (the mean alone for one seed, or without `bounds`); "-"
+    where no seed has a value."""
+    values = [v for v in values if not np.isnan(v)]
+    if not values:
+        return "-"
+    mean = f"{np.mean(values):.{digits}f}"
+    if len(values) == 1 or not bounds:
+        return mean
+    return f"{mean} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: float) -> str:
+    import torch
+
+    objectives = next(iter(runs.values()))[0].objectives
+    lines = [
+        "# Discovery at an equal budget of generated tokens: no training, GRPO and VPO",
+        "",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        f"- machine: {os.cpu_count()} CPUs, {platform.machine()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}",
+        "- command: `python benchmarks/discovery.py "
+        + " ".join(sys.argv[1:])
+        + f"` ({seconds / 60:.0f} min in all)",
+        f"- settings: {args.problem} on {args.model} (backend {args.backend}, concurrency "
+        f"{args.concurrency or 'the backend default'}), G = {args.group_size}, max_tokens "
+        f"{args.max_tokens}, temperature {args.temperature}, token budget "
+        f"{args.token_budget} per run (a run ends at most one batch past it), iterations "
+        f"capped at {args.iterations}; the trained arms: a LoRA step (rank {args.lora_rank}, "
+        f"lr {args.lr:g}, micro-batch {args.micro_batch}) after every {args.train_every} new "
+        "group"
+        f"{'s' if args.train_every > 1 else ''}; seeds "
+        f"{', '.join(map(str, args.seeds))}",
+        "- arms: " + "; ".join(f"`{arm}` {ARM_TITLES[arm]}" for arm in runs),
+        "- each run a whole `vpo run` process on a fresh database, timed from start to exit; "
+        "best = the highest score among the run's valid programs; hypervolume of the valid "
+        "programs' score vectors above the reference point 0; diversity and parse rate: "
+        "means over the run's iterations (a GRPO group has G candidate slots, the others "
+        "G x 3; a rollout of m = 1 parses when its one candidate does); values: mean [min, "
+        "max] over seeds",
+        f"- plot: {args.plot.name} (best per objective and hypervolume against tokens generated)",
+        "",
+        "| arm | " + " | ".join(f"best {name}" for name in objectives) + " | hypervolume |",
+        "|---|" + "---:|" * (len(objectives) + 1),
+    ]
+    for arm, results in runs.items():
+        cells = [spread([r.best[j] for r in results]) for j in range(len(objectives))]
+        cells.append(spread([r.hypervolume for r in results], 4))
+        lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| arm | tokens | iterations | training steps | training s | pool diversity | "
+        "parse rate | parse rate, 1st half -> 2nd half | tok/s over the wall |",
+        "|---|" + "---:|" * 8,
+    ]
+    for arm, results in runs.items():
+        first = spread([r.parse_first_half for r in results], 2, bounds=False)
+        second = spread([r.parse_second_half for r in results], 2, bounds=False)
+        cells = [
+            spread([r.tokens for r in results], 0),
+            spread([r.iterations for r in results], 0),
+            spread([r.steps for r in results], 0),
+            spread([r.train_s for r in results], 0),
+            spread([r.diversity for r in results]),
+            spread([r.parse_rate for r in results], 2),
+            f"{first} -> {second}",
+            spread([r.tokens_per_s for r in results], 1),
+        ]
+        lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Every run:",
+        "",
+        "| arm | seed | wall s | tokens | iterations | steps | "
+        + " | ".join(f"best {name}" for name in objectives)
+        + " | hypervolume | diversity | parse rate | tok/s |",
+        "|---|---:|" + "---:|" * (len(objectives) + 8),
+    ]
+    for arm, results in runs.items():
+        for r in results:
+            cells = [
+                f"{r.wall_s:.0f}",
+                str(r.tokens),
+                str(r.iterations),
+                str(r.steps),
+                *(f"{value:.3f}" for value in r.best),
+                f"{r.hypervolume:.4f}",
+                spread([r.diversity]),
+                spread([r.parse_rate], 2),
+                f"{r.tokens_per_s:.1f}",
+            ]
+            lines.append(f"| {arm} | {r.seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objectives = next(iter(runs.values()))[0].objectives
+    end = max(r.tokens for results in runs.values() for r in results)
+    grid = np.linspace(0, end, GRID_POINTS)
+    panels = len(objectives) + 1
+    columns = 2 if panels == 4 else panels
+    rows = -(-panels // columns)
+    figure, grid_of_axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.2 * rows))
+    axes = np.ravel(grid_of_axes)[:panels]
+    for arm, results in runs.items():
+        # A run that ended holds its last value to the longest run's end.
+        best = np.stack([best_so_far(r.program_tokens, r.program_scores, grid) for r in results])
+        volume = np.stack(
+            [hypervolume_so_far(r.program_tokens, r.program_scores, grid) for r in results]
+        )
+        curves = [best[:, :, j] for j in range(len(objectives))] + [volume]
+        for axis, curve in zip(axes, curves, strict=True):
+            (line,) = axis.plot(grid, curve.mean(axis=0), label=ARM_TITLES[arm])
+            if len(results) > 1:
+                axis.fill_between(
+                    grid, curve.min(axis=0), curve.max(axis=0), color=line.get_color(), alpha=0.2
+                )
+    for axis, name in zip(axes, [*objectives, "hypervolume"], strict=True):
+        axis.set(xlabel="tokens generated", ylabel=name, title=f"best {name}")
+        axis.axvline(
+            args.token_budget, color="grey", linestyle=":", linewidth=1, label="token budget"
+        )
+        axis.grid(alpha=0.3)
+    axes[0].legend()
+    axes[-1].set_title("hypervolume of the valid programs")
+    seeds = len(args.seeds)
+    figure.suptitle(
+        f"{args.problem} on {args.model}, token budget {args.token_budget}: mean over "
+        f"{seeds} seed{'s' if seeds > 1 else ''}" + (", band min-max" if seeds > 1 else "")
+    )
+    figure.tight_layout()
+    args.plot.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(args.plot, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default="none,grpo,vpo", help="of none, grpo, vpo")
+    parser.add_argument("--seeds", default="0,1,2", help="campaign seeds, e.g. 0,1,2")
+    parser.add_argument("--problem", default=PROBLEM)
+    parser.add_argument("--model", default="qwen-coder")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="iterations in flight (0: the backend's default)"
+    )
+    parser.add_argument("--token-budget", type=int, default=12000, help="tokens per run")
+    parser.add_argument("--iterations", type=int, default=1000, help="a cap that should not bind")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.8)
+    parser.add_argument("--train-every", type=int, default=1)
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-5, help="the LoRA learning rate")
+    parser.add_argument(
+        "--micro-batch", type=int, default=1, help="rollouts per forward/backward of a step"
+    )
+    parser.add_argument("--keep", type=Path, help="keep each run's database and log here")
+    parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
+    parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")
+    args = parser.parse_args()
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = [arm for arm in arms if arm not in ARMS]
+    if unknown or not arms:
+        parser.error(f"--arms takes some of {', '.join(ARMS)}; got {args.arms!r}")
+    try:
+        args.seeds = [int(seed) for seed in args.seeds.split(",")]
+    except ValueError:
+        parser.error(f"--seeds takes whole numbers separated by commas; got {args.seeds!r}")
+    if args.token_budget <= 0:
+        parser.error("--token-budget must be > 0: the arms are compared at an equal budget")
+
+    # A terminated benchmark unwinds (and stops the run in progress) as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
+    # Seed by seed, the arms in turn: a machine that slows down mid-way slows every arm.
+    plan = [(arm, seed) for seed in args.seeds for arm in arms]
+    runs: dict[str, list[RunResult]] = {arm: [] for arm in arms}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="vpo-discovery-") as scratch:
+        folder = args.keep or Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        there = [str(database(folder, *pair)) for pair in plan if database(folder, *pair).exists()]
+        if there:
+            # A run on an existing database would resume it, not start afresh on the clock.
+            raise SystemExit(f"already there: {', '.join(there)}; remove or --keep elsewhere")
+        for n, (arm, seed) in enumerate(plan, 1):
+            label = f"[{n}/{len(plan)} {arm} seed {seed}]"
+            print(f"{label} starting", file=sys.stderr, flush=True)
+            result = run(arm, seed, args, folder, label)
+            runs[arm].append(result)
+            named = zip(result.objectives, result.best, strict=True)
+            best = " ".join(f"{name} {value:.3f}" for name, value in named)
+            print(
+                f"{label} done in {result.wall_s:.0f} s: {result.tokens} tokens, "
+                f"{result.iterations} iterations, {result.steps} steps, best {best}, "
+                f"hypervolume {result.hypervolume:.4f}, parse rate {result.parse_rate:.2f}, "
+                f"{result.tokens_per_s:.1f} tok/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    seconds = time.perf_counter() - started
+    plot(args, runs)
+    publish(args.out, report(args, runs, seconds))
+    print(f"plot written to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

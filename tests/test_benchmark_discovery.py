@@ -1,0 +1,81 @@
+"""benchmarks/discovery.py's measures: the hypervolume against hand-computed cases and an exact
+count over the grid cells, and the running best against tokens."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+_PATH = Path(__file__).parents[1] / "benchmarks" / "discovery.py"
+_SPEC = importlib.util.spec_from_file_location("benchmark_discovery", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+discovery = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = discovery  # its dataclasses look their module up
+_SPEC.loader.exec_module(discovery)
+
+
+def cell_count_hypervolume(points: np.ndarray) -> float:
+    """The same volume by brute force: cut space along every coordinate that occurs (and 0)
+    into cells, and add the cells whose upper corner some point dominates."""
+    points = np.clip(points, 0.0, None)
+    d = points.shape[1]
+    cuts = [np.unique(np.append(points[:, j], 0.0)) for j in range(d)]
+    total = 0.0
+    for cell in itertools.product(*(range(1, len(c)) for c in cuts)):
+        upper = np.array([cuts[j][i] for j, i in enumerate(cell)])
+        if np.any(np.all(points >= upper, axis=1)):
+            total += float(np.prod([cuts[j][i] - cuts[j][i - 1] for j, i in enumerate(cell)]))
+    return total
+
+
+def test_hypervolume_by_hand() -> None:
+    hv = discovery.hypervolume
+    assert hv(np.zeros((0, 3))) == 0.0
+    assert hv(np.array([[1.0, 2.0, 3.0]])) == pytest.approx(6.0)
+    # Two boxes of 6 overlapping in [0,1] x [0,2] x [0,1].
+    assert hv(np.array([[1.0, 2.0, 3.0], [3.0, 2.0, 1.0]])) == pytest.approx(10.0)
+    # A dominated point and a repeated one add nothing; a zero side spans no volume.
+    assert hv(np.array([[1.0, 2.0, 3.0], [0.5, 1.0, 1.0], [1.0, 2.0, 3.0]])) == pytest.approx(6)
+    assert hv(np.array([[5.0, 5.0, 0.0], [1.0, 1.0, 1.0]])) == pytest.approx(1.0)
+    # Scores above 1 (beating the best known value) count in full.
+    assert hv(np.array([[2.5, 1.0, 0.4]])) == pytest.approx(1.0)
+    assert hv(np.array([[0.3, 0.7]])) == pytest.approx(0.21)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 3).flatmap(
+        lambda d: st.lists(
+            st.lists(st.integers(0, 6), min_size=d, max_size=d), min_size=1, max_size=7
+        )
+    )
+)
+def test_hypervolume_is_the_dominated_volume(rows: list[list[int]]) -> None:
+    points = np.array(rows, dtype=np.float64) / 2
+    assert discovery.hypervolume(points) == pytest.approx(cell_count_hypervolume(points))
+    # Neither the order of the points nor that of the objectives matters.
+    assert discovery.hypervolume(points[::-1, ::-1]) == pytest.approx(discovery.hypervolume(points))
+
+
+def test_pareto_front_keeps_the_undominated_once() -> None:
+    points = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.4, 0.4], [1.0, 0.0]])
+    front = discovery.pareto_front(points)
+    assert sorted(map(tuple, front)) == [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)]
+
+
+def test_best_so_far_is_the_running_max_by_tokens() -> None:
+    tokens = np.array([0, 100, 100, 250])
+    values = np.array([[0.0, 0.2], [0.5, 0.1], [0.3, 0.4], [0.4, 0.9]])
+    grid = np.array([-1, 0, 99, 100, 300])
+    best = discovery.best_so_far(tokens, values, grid)
+    assert best[0].tolist() == [-np.inf, -np.inf]
+    assert best[1:].tolist() == [[0.0, 0.2], [0.0, 0.2], [0.5, 0.4], [0.5, 0.9]]
+    volume = discovery.hypervolume_so_far(tokens, values, np.array([0, 100, 300]))
+    assert volume.tolist() == pytest.approx([0.0, 0.5 * 0.1 + 0.3 * 0.3, 0.4 * 0.9 + 0.1 * 0.1])
