@@ -1,9 +1,9 @@
 """The embedded Qwen2.5-Coder-0.5B-Instruct: joined from its six PyPI pieces, checked, converted.
 
 The pieces' joining, the hash check and the cache are tested on small fake pieces; the real
-model is converted once into the user's cache (95 s and 3.4 GiB on 2 cores the first time),
-then generates on the transformers and the vLLM backend (`slow`: about 100 s together on a
-busy 2-core machine, 5.3 GiB at the peak).
+model is converted once into the user's cache (1 to 1.5 minutes and 3.4 GiB on 2 cores, the
+first time only), then generates on the transformers and the vLLM backend (`slow`: 31 s
+together on an idle 2-core machine, 100 s on a busy one; 5.1 GiB at the peak).
 """
 
 from __future__ import annotations
