@@ -255,23 +255,34 @@ def _task(problem: Problem, candidates: int) -> str:
         if len(names) > 1 and candidates > 1
         else ""
     )
-    example = "\n".join(
-        [
-            format_full(1, "...a complete program..."),
-            format_edits(min(2, candidates), [_EXAMPLE_EDIT]),
-        ]
-    )
     each = "each candidate" if candidates > 1 else "the candidate"
     plural = "s" if candidates > 1 else ""
+    if problem.edits:
+        example = "\n".join(
+            [
+                format_full(1, "...a complete program..."),
+                format_edits(min(2, candidates), [_EXAMPLE_EDIT]),
+            ]
+        )
+        form = (
+            f"Make {each} either a complete program in a ```python block, or edits to the "
+            "current program as SEARCH/REPLACE blocks whose SEARCH lines are copied exactly "
+            "from it."
+        )
+    else:
+        # Programs short enough to rewrite whole: one form, which a small model copies right.
+        example = "\n".join(
+            format_full(i, f"...candidate {i}, a complete program...")
+            for i in range(1, min(2, candidates) + 1)
+        )
+        form = f"Make {each} a complete program in a ```python block."
     return (
         "# Your task\n\n"
         f"Write {candidates} candidate program{plural} that improve on the current "
         f"program. Make each one a genuinely different approach, not a variation of the "
         f"others.{spread} Every program must define `{problem.entry}` as the problem states.\n\n"
-        f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}). Make "
-        f"{each} either a complete program in a ```python block, or edits to the current "
-        "program as SEARCH/REPLACE blocks whose SEARCH lines are copied exactly from it. "
-        "For example:\n\n"
+        f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}). "
+        f"{form} For example:\n\n"
         f"{example}\n\n"
         "Think briefly first if it helps; write nothing after the last candidate."
     )

@@ -124,6 +124,10 @@ class Problem(ABC):
     entry: str
     time_limit: float = 10.0
     memory_mb: int = 2048
+    # Whether the prompt offers SEARCH/REPLACE edits beside complete programs. A problem whose
+    # programs are a few lines (an equation) asks for complete programs only: the edit example
+    # is what small models copy verbatim instead of answering. Edits still parse either way.
+    edits: bool = True
     # For a candidate that is a heuristic the harness drives (FunSearch's priority functions):
     # `driver` is trusted source appended to the candidate's code, and the sandbox calls
     # `driver_entry` instead of `entry`. The driver only maps the heuristic over an instance;

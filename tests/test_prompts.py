@@ -112,6 +112,22 @@ def test_the_format_example_parses_as_promised() -> None:
     assert parsed[1].error == "edit 1: SEARCH text not found in the parent"
 
 
+def test_a_problem_of_short_programs_asks_for_complete_programs_only() -> None:
+    """equation_discovery sets `edits = False`: no SEARCH/REPLACE in the prompt, and the
+    example is m complete programs (two shown) that parse as such."""
+    from problems.registry import load
+
+    problem = load("equation_discovery:oscillator1")
+    parent = program(1, problem.seed_program, (0.0, 0.0, 0.0))
+    text = user_text(build_prompt(problem, parent, [], 3))
+    assert "SEARCH" not in text and "REPLACE" not in text
+    assert "Make each candidate a complete program in a ```python block." in text
+    example = text[text.index("For example:") :]
+    parsed = parse_completion(example, 3, parent.code)
+    assert [c.kind for c in parsed[:2]] == ["full", "full"]
+    assert parsed[1].code == "...candidate 2, a complete program...\n"
+
+
 def test_one_candidate_wording() -> None:
     text = user_text(build_prompt(PROBLEM, PARENT, [], 1))
     assert "Write 1 candidate program that" in text

@@ -212,6 +212,35 @@ def test_all_equal_groups_only_feel_the_kl(tiny_model: str) -> None:
     assert metrics.grad_norm == 0.0
 
 
+def test_rollouts_with_zero_advantage_are_skipped_without_changing_the_step(
+    tiny_model: str,
+) -> None:
+    """A flat group beside a real one: skipping the flat group's rollouts gives the same
+    gradient (KL off) as running them, and a step of flat groups only runs nothing and moves
+    nothing. (Adam's first step is about lr * sign(gradient), so the weights themselves differ
+    where bfloat16 rounding of differently padded micro-batches flips a near-zero component.)"""
+    norms = []
+    for skip in (False, True):
+        policy = Policy.load(tiny_model, PolicyConfig(lr=1e-2, reference=False))
+        real, other = tiny_groups(policy)
+        flat = Group(other.rollouts, np.full(other.scores.shape, 0.5), other.mask)
+        config = TrainConfig(loss=LossConfig(beta=0.0), skip_zero_advantage=skip, micro_batch=2)
+        metrics = train_step(
+            policy, [flat, real], config, generator=torch.Generator().manual_seed(0)
+        )
+        assert metrics.rollouts == 8 and metrics.trained == (4 if skip else 8)
+        assert metrics.tokens == 2 * sum(len(r.completion_ids) for r in real.rollouts)
+        norms.append(metrics.grad_norm)
+    assert norms[0] > 0 and norms[1] == pytest.approx(norms[0], rel=1e-2)
+
+    policy = Policy.load(tiny_model, PolicyConfig(lr=1e-2))
+    before = weights_of(policy)
+    flat = Group(real.rollouts, np.zeros(real.scores.shape), real.mask)
+    metrics = train_step(policy, [flat, flat], TrainConfig())
+    assert metrics.trained == 0 and metrics.grad_norm == 0.0 and metrics.step == 1
+    assert all(torch.equal(before[k], v) for k, v in weights_of(policy).items())
+
+
 def test_sampler_logprobs_are_required_when_asked_for(tiny_model: str) -> None:
     policy = Policy.load(tiny_model, PolicyConfig(reference=False))
     with pytest.raises(ValueError, match="log-probs"):

@@ -90,6 +90,11 @@ class TrainConfig:
     # "sampler" the sampler's, every rollout must have them; "recompute" the current weights'.
     old_logprobs: str = "auto"
     max_tokens: int = 4096  # longest prompt + completion trained on; longer is cut at the end
+    # Leave out of the forward/backward every rollout whose advantage is exactly 0 (a flat
+    # group's, as DAPO's dynamic sampling drops them; Yu et al. 2025, arXiv 2503.14476): its
+    # policy-gradient term is 0, so the step's gradient is the same but for those rollouts' KL
+    # term, and the token count still includes them. On a CPU most early groups are flat.
+    skip_zero_advantage: bool = True
 
     def __post_init__(self) -> None:
         if self.advantage not in ESTIMATORS:
@@ -109,7 +114,7 @@ class StepMetrics:
     step: int
     groups: int
     rollouts: int
-    tokens: int  # completion tokens trained on
+    tokens: int  # completion tokens of the step's rollouts
     loss: float
     policy_loss: float
     kl: float
@@ -121,6 +126,7 @@ class StepMetrics:
     # trainer's and the backend's log-probs of the same distribution are apart (rounding, kernels).
     fresh_gap: float | None
     grad_norm: float
+    trained: int  # rollouts run through the model (the others had advantage 0 and were skipped)
     set_score: float  # mean over rollouts of the scalar the advantage came from
     zero_std_fraction: float  # groups whose advantages are all zero
     diversity: float  # mean pairwise L1 distance between a group's candidate vectors
@@ -137,7 +143,8 @@ class StepMetrics:
             f"step {self.step} | loss {self.loss:+.4f} | kl {self.kl:.2e} | set score "
             f"{self.set_score:.3f} | zero-std {self.zero_std_fraction:.0%} | diversity "
             f"{self.diversity:.3f} | ratio {self.mean_ratio:.3f} clip {self.clip_fraction:.1%} "
-            f"({self.sampler_fraction:.0%} sampler){stale} | {self.tokens_per_second:.0f} tok/s"
+            f"({self.sampler_fraction:.0%} sampler){stale} | trained {self.trained}/"
+            f"{self.rollouts} | {self.tokens_per_second:.0f} tok/s"
         )
 
 
@@ -252,6 +259,8 @@ def train_step(
     policy.optimizer.zero_grad(set_to_none=True)
     # Longest first and similar lengths together: less padding in each micro-batch.
     order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
+    if config.skip_zero_advantage:
+        order = [i for i in order if advantages.per_rollout[i] != 0]
     sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
     gap, gap_tokens = 0.0, 0
     for start in range(0, len(order), config.micro_batch):
@@ -301,6 +310,9 @@ def train_step(
         sums["clipped"] += parts.clipped
         sums["ratio"] += parts.ratio
     parameters = policy.trainable_parameters()
+    if not order and processes == 1:
+        for parameter in parameters:  # nothing ran: a zero gradient, and no optimiser step
+            parameter.grad = torch.zeros_like(parameter)
     if processes > 1:
         for parameter in parameters:
             if parameter.grad is None:
@@ -314,7 +326,7 @@ def train_step(
                 torch.stack([p.grad.norm() for p in parameters if p.grad is not None])
             )
         )
-    if math.isfinite(grad_norm):
+    if math.isfinite(grad_norm) and (order or processes > 1):
         policy.optimizer.step()
     policy.optimizer.zero_grad(set_to_none=True)
     policy.step += 1
@@ -333,6 +345,7 @@ def train_step(
         staleness=_staleness(rollouts, policy.step - 1),
         fresh_gap=gap / gap_tokens if gap_tokens else None,
         grad_norm=grad_norm,
+        trained=len(order),
         set_score=float(np.mean(advantages.rewards)) if advantages.rewards else 0.0,
         zero_std_fraction=advantages.zero_std_groups / len(groups),
         diversity=float(np.mean(advantages.diversity)) if advantages.diversity else 0.0,

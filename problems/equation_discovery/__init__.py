@@ -284,6 +284,7 @@ class EquationDiscovery(Problem):
     driver = DRIVER
     driver_entry = "_vpo_equation_discovery"
     time_limit = TIME_LIMIT
+    edits = False  # an equation is a few lines: complete programs only (see Problem.edits)
 
     def __init__(self, key: str = DEFAULT) -> None:
         if key not in SPECS:
