@@ -34,8 +34,9 @@ def evaluate_many(
     calls = list(problem.calls())
     limits = limits or limits_for(problem)
     entry = problem.driver_entry or problem.entry
+    private = tuple(problem.private_paths())
     jobs = [
-        SandboxCall(with_driver(problem, code), entry, tuple(call.args), limits)
+        SandboxCall(with_driver(problem, code), entry, tuple(call.args), limits, private)
         for code in codes
         for call in calls
     ]

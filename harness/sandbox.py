@@ -11,6 +11,9 @@ than an interpreter start. The child, when the OS allows:
 - is pid 1 of a fresh pid namespace: when it ends, the kernel kills everything it started;
 - sees no network (a network namespace without interfaces) and a read-only file system with a
   private, size-limited /tmp (its working directory is /tmp/work);
+- finds the private paths empty (`default_private_paths()`: the harness's own packages, the
+  problems' data with them, and the project checkout they run from; and each call's own, its
+  problem's data), so it can neither read a problem's held-out answers nor import the harness;
 - runs, when the harness is root, as uid 61000 + slot with no capabilities, so it can neither
   write the project tree or the database nor signal the harness; when not root, inside a user
   namespace instead;
@@ -26,6 +29,7 @@ What was applied is listed in `Outcome.isolation`; what could not be is in `Outc
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -102,13 +106,42 @@ class Call:
     entry: str
     args: tuple = ()
     limits: Limits | None = None
+    private_paths: tuple[str, ...] = ()  # hidden from this call only (see `Sandbox.run`)
+
+
+def default_private_paths() -> tuple[str, ...]:
+    """What no candidate may read, by default: the folders of the project's packages (harness,
+    problems, trainer: the problems' data, their held-out test targets and published solutions
+    among them) and, when they run from a checkout (a folder with pyproject.toml, as in an
+    editable install), the whole checkout: its examples, tests and git history hold the same
+    data. A virtual environment inside the checkout stays visible, as the interpreter needs it.
+    """
+    found = set()
+    for name in ("harness", "problems", "trainer"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec and spec.submodule_search_locations) or ():
+            package = os.path.realpath(location)
+            found.add(package)
+            checkout = os.path.dirname(package)
+            if checkout != "/" and os.path.isfile(os.path.join(checkout, "pyproject.toml")):
+                found.add(checkout)
+    return tuple(sorted(found))
+
+
+def _existing(paths: Iterable[str]) -> list[str]:
+    """Absolute, symlinks resolved (the zygote covers the real folder), only those that exist."""
+    resolved = {os.path.realpath(path) for path in paths}
+    return sorted(path for path in resolved if os.path.lexists(path))
 
 
 class Sandbox:
     """A pool of `workers` fork servers; `run` is thread-safe, `map` runs calls in parallel.
 
     `namespaces=False` skips every namespace (network, pid, mount); it exists for tests and for
-    debugging, and the outcomes say what is then not isolated.
+    debugging, and the outcomes say what is then not isolated. `private_paths` (files or
+    folders) are hidden from every candidate: each worker covers them once, with an empty
+    read-only folder (a file with /dev/null), before it forks any; None hides
+    `default_private_paths()`.
     """
 
     def __init__(
@@ -118,14 +151,18 @@ class Sandbox:
         preload: tuple[str, ...] = ("numpy",),
         *,
         namespaces: bool = True,
+        private_paths: Sequence[str] | None = None,
     ) -> None:
         workers = len(os.sched_getaffinity(0)) if workers is None else workers
         if workers < 1:
             raise UserError(f"the sandbox needs at least one worker, not {workers}")
         self.workers = workers
         self.limits = limits
+        if private_paths is None:
+            private_paths = default_private_paths()
+        hidden = _existing(private_paths)
         slots = confinement.claim_slots(workers)
-        self._workers = [_Worker(slot, tuple(preload), namespaces) for slot in slots]
+        self._workers = [_Worker(slot, tuple(preload), namespaces, hidden) for slot in slots]
         self._free: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._closed = False
         self._stop = weakref.finalize(self, _stop_all, list(self._workers))
@@ -134,9 +171,18 @@ class Sandbox:
             self._free.put(worker)
 
     def run(
-        self, code: str, entry: str, args: Sequence[Any] = (), limits: Limits | None = None
+        self,
+        code: str,
+        entry: str,
+        args: Sequence[Any] = (),
+        limits: Limits | None = None,
+        private_paths: Sequence[str] = (),
     ) -> Outcome:
-        """Evaluate `entry(*args)` after running `code`. Raises only for the caller's mistakes."""
+        """Evaluate `entry(*args)` after running `code`. Raises only for the caller's mistakes.
+
+        `private_paths` are hidden from this candidate on top of the sandbox's own: the candidate
+        process covers each that is still in view (most lie in the sandbox's, for free).
+        """
         if self._closed:
             raise RuntimeError("the sandbox is closed")
         if not isinstance(code, str) or not isinstance(entry, str):
@@ -149,7 +195,13 @@ class Sandbox:
                 "sandbox arguments must be data (JSON values, tuples, numeric numpy arrays);"
                 f" the arguments hold {exc}"
             ) from None
-        request = {"code": code, "entry": entry, "args": wire_args, "limits": _wire(limits)}
+        request = {
+            "code": code,
+            "entry": entry,
+            "args": wire_args,
+            "limits": _wire(limits),
+            "private": _existing(private_paths),
+        }
         body = json.dumps(request, allow_nan=True).encode()
         worker = self._free.get()
         try:
@@ -160,11 +212,15 @@ class Sandbox:
     def map(self, calls: Iterable[Call]) -> list[Outcome]:
         """Run the calls in parallel, at most `workers` at a time; outcomes in input order."""
         calls = list(calls)
+
+        def one(call: Call) -> Outcome:
+            return self.run(call.code, call.entry, call.args, call.limits, call.private_paths)
+
         if len(calls) <= 1:
-            return [self.run(c.code, c.entry, c.args, c.limits) for c in calls]
+            return [one(call) for call in calls]
         threads = min(self.workers, len(calls))
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="sandbox") as pool:
-            return list(pool.map(lambda c: self.run(c.code, c.entry, c.args, c.limits), calls))
+            return list(pool.map(one, calls))
 
     def close(self) -> None:
         """Stop every worker and whatever it runs. Idempotent."""
@@ -211,7 +267,13 @@ class _WorkerGone(Exception):
 class _Worker:
     """One slot: a zygote process and the pipes to it. Used by one thread at a time."""
 
-    def __init__(self, slot: confinement.Slot, preload: tuple[str, ...], namespaces: bool) -> None:
+    def __init__(
+        self,
+        slot: confinement.Slot,
+        preload: tuple[str, ...],
+        namespaces: bool,
+        private_paths: list[str],
+    ) -> None:
         self.slot = slot
         config = {
             "uid": slot.uid,
@@ -219,6 +281,7 @@ class _Worker:
             "warnings": slot.warnings,
             "preload": list(preload),
             "namespaces": namespaces,
+            "private": private_paths,
         }
         self.argv = [sys.executable, "-I", str(_ZYGOTE), json.dumps(config)]
         self.process: subprocess.Popen[bytes] | None = None

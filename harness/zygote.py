@@ -8,7 +8,8 @@ fork of it) inherits nothing of the harness. `harness.sandbox` also imports it f
 Process tree when the harness runs as root (not root: a user namespace stands in for the uid):
 
     harness ── launcher ── zygote     pid 1 of its own pid namespace, own network namespace
-                (waits)      │        (no interfaces) and mount namespace (all read-only)
+                (waits)      │        (no interfaces) and mount namespace (all read-only;
+                             │        the private paths it was given covered with empty ones)
                              └── candidate   pid 1 of a fresh pid namespace: when it exits the
                                              kernel kills whatever it started; fresh mount, IPC
                                              and UTS namespaces; private /tmp; rlimits;
@@ -45,6 +46,7 @@ import tempfile
 import time
 import traceback
 import types
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 # ---------------------------------------------------------------------------------------------
@@ -533,6 +535,8 @@ class Zygote:
         self.warnings: list[str] = list(config.get("warnings", ()))
         self.cgroup = _ControlGroups(config.get("cgroup") or {}, self.isolation, self.warnings)
         self.namespaces: bool = config["namespaces"]
+        # what no candidate may read: the harness's packages, the problems' data (see sandbox.py)
+        self.private: list[str] = list(config.get("private", ()))
         self.user_ns = self.net_ns = self.mount_ns = self.pid_ns = False
         if self.namespaces:
             self._enter_namespaces()
@@ -546,6 +550,8 @@ class Zygote:
         self.cgroup.open()
         if self.mount_ns:
             self._lock_filesystem()
+        if self.private and not self.mount_ns:
+            self.warnings.append(_readable(self.private, "no mount namespace"))
         self.seccomp = _Seccomp.load(self.warnings)
         for name in config["preload"]:
             try:
@@ -641,6 +647,8 @@ class Zygote:
             # candidates have no use for it, and our open control files keep working on a
             # detached mount, where no read-only remount below can be refused for them
             _libc().umount2(b"/sys/fs/cgroup", MNT_DETACH)
+        if self.private and _hide_all(self.private, self.warnings):
+            self.isolation.append("private-paths-hidden")
         failed = []
         for target, options in _mount_points():
             if "ro" in options:
@@ -650,6 +658,8 @@ class Zygote:
             try:
                 _mount(None, target, None, flags)
             except OSError as exc:
+                if exc.errno == errno.ENOENT and _under_any(target, self.private):
+                    continue  # a mount inside a covered private folder: out of sight
                 failed.append(f"{target} ({exc.strerror})")
         if failed:
             self.warnings.append(f"still writable for the candidate: {', '.join(failed)}")
@@ -876,8 +886,8 @@ def _mount_points() -> list[tuple[str, set[str]]]:
     return list(seen.items())
 
 
-def _python_folders() -> list[str]:
-    """The outermost folders the interpreter imports from (prefixes and sys.path)."""
+def _python_paths() -> set[str]:
+    """Every folder the interpreter imports from (prefixes and sys.path), resolved."""
     needed = [
         sys.prefix,
         sys.exec_prefix,
@@ -886,12 +896,70 @@ def _python_folders() -> list[str]:
         os.path.dirname(os.path.realpath(sys.executable)),
         *sys.path,
     ]
-    folders = sorted({os.path.realpath(path) for path in needed if os.path.isdir(path)})
+    return {os.path.realpath(path) for path in needed if os.path.isdir(path)}
+
+
+def _outermost(paths: set[str]) -> list[str]:
+    folders = sorted(paths)
     return [
         path
         for i, path in enumerate(folders)
         if not any(path.startswith(outer + "/") for outer in folders[:i])
     ]
+
+
+def _python_folders() -> list[str]:
+    """The outermost folders the interpreter imports from."""
+    return _outermost(_python_paths())
+
+
+def _hide(path: str) -> None:
+    """Cover `path` in this mount namespace: a folder with an empty read-only tmpfs, a file with
+    /dev/null. Folders the interpreter imports from that lie inside a covered folder (a virtual
+    environment inside a checkout) are bound back, as they were."""
+    if not os.path.isdir(path):
+        _mount("/dev/null", path, None, MS_BIND)
+        return
+    keep = _outermost({folder for folder in _python_paths() if _under_any(folder, [path])})
+    handles = [os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for folder in keep]
+    try:
+        flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+        _mount("tmpfs", path, "tmpfs", flags | (0 if keep else MS_RDONLY), "size=1m,mode=0755")
+        if not keep:
+            return
+        for folder, handle in zip(keep, handles, strict=True):
+            os.makedirs(folder, mode=0o755, exist_ok=True)
+            # a bind keeps its source's flags: read-only in a candidate (the zygote's view is);
+            # in the zygote, the remount of every mount that follows makes it so
+            _mount(f"/proc/self/fd/{handle}", folder, None, MS_BIND | MS_REC)
+        _mount(None, path, None, MS_REMOUNT | MS_RDONLY | flags)
+    finally:
+        for handle in handles:
+            os.close(handle)
+
+
+def _hide_all(paths: Iterable[str], warnings: list[str]) -> bool:
+    """Cover each path still in view, a folder before what lies inside it; False, with a
+    warning, if any stays readable."""
+    failed = []
+    for path in sorted(paths):
+        if not os.path.lexists(path):  # gone already, with a folder covered before it
+            continue
+        try:
+            _hide(path)
+        except OSError as exc:
+            failed.append(f"{path} ({exc.strerror})")
+    if failed:
+        warnings.append(f"readable by the candidate: {', '.join(failed)}")
+    return not failed
+
+
+def _under_any(path: str, folders: list[str]) -> bool:
+    return any(path.startswith(folder + "/") for folder in folders)
+
+
+def _readable(paths: list[str], why: str) -> str:
+    return f"readable by the candidate: {', '.join(sorted(paths))} ({why})"
 
 
 def _under_private_tmp(path: str) -> bool:
@@ -1029,6 +1097,8 @@ class Candidate:
             os.setsid()  # its own process group, which the zygote kills as a whole
             if workdir is None:
                 workdir = self._private_tmp(mount_proc=pid_ns)
+            elif self.request.get("private"):
+                self.warnings.append(_readable(self.request["private"], "no mount namespace"))
             self._limit_resources()
             result = _arrange_fds(stdout, stderr, result)
             self._drop_privileges()
@@ -1098,6 +1168,9 @@ class Candidate:
                 os.close(handle)
         if os.path.isdir("/run"):  # sockets of system daemons (dbus, docker, ...) live there
             _mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=755")
+        # this call's own private paths (its problem's data): most went with the zygote's or
+        # with the private /tmp already, and cost nothing here
+        _hide_all(self.request.get("private", ()), self.warnings)
         os.mkdir(WORKDIR, 0o700)
         if self.zygote.uid is not None:
             os.chown(WORKDIR, self.zygote.uid, self.zygote.uid)

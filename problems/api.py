@@ -9,9 +9,11 @@ with which arguments to call it (`calls`), and it scores the *data* each call re
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 Direction = Literal["max", "min"]
@@ -139,6 +141,20 @@ class Problem(ABC):
     def calls(self) -> Sequence[Call]:
         """The calls to make; by default one call without arguments that scores every objective."""
         return (Call("main", (), tuple(o.name for o in self.objectives)),)
+
+    def private_paths(self) -> Sequence[str]:
+        """Files and folders the sandbox hides from this problem's candidates: what a program
+        could read instead of computing its answer (held-out targets, published solutions).
+        By default the `data` folder beside the module that defines the problem's class. The
+        sandbox hides the project's own packages anyway; this is for a problem whose data live
+        elsewhere (a problem folder, another package). Whatever the driver needs travels as
+        call arguments, never as a file the candidate's process opens."""
+        module = sys.modules.get(type(self).__module__)
+        source = getattr(module, "__file__", None)
+        if not source:
+            return ()
+        data = Path(source).parent / "data"
+        return (str(data),) if data.is_dir() else ()
 
     @abstractmethod
     def score(self, call: Call, value: Any) -> Mapping[str, float]:

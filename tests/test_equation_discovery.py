@@ -392,6 +392,73 @@ def test_an_equation_may_import_inside_itself(sandbox: Sandbox) -> None:
     assert evaluation.scores["fit_id"] > 0.0
 
 
+# Module-level code runs before the driver's guard: it looks for the test targets on disk (by
+# importing the package, asking importlib, walking up from each import folder, and at the path
+# the test knows, as an attacker who guessed it) and answers the test inputs with them.
+STEAL_TARGETS = f"""
+import importlib.util, os, sys
+import numpy as np
+
+def _stolen():
+    folders = []
+    try:
+        import problems.equation_discovery as package
+        folders.append(os.path.dirname(package.__file__))
+    except Exception:
+        pass
+    try:
+        spec = importlib.util.find_spec("problems.equation_discovery")
+        folders.append(os.path.dirname(spec.origin))
+    except Exception:
+        pass
+    for entry in sys.path:
+        while entry not in ("", "/"):
+            folders.append(os.path.join(entry, "problems", "equation_discovery"))
+            entry = os.path.dirname(entry)
+    folders.append({str(DATA.parent)!r})
+    for folder in folders:
+        try:
+            with np.load(os.path.join(folder, "data", "oscillator1.npz")) as stored:
+                return [stored["test_id"], stored["test_ood"]]
+        except (OSError, KeyError):
+            pass
+    return []
+
+TABLES = _stolen()
+print("stolen" if TABLES else "nothing found")
+
+
+def equation(x, v, params):
+    for table in TABLES:
+        if np.array_equal(x, table[:, 0]) and np.array_equal(v, table[:, 1]):
+            return table[:, 2].copy()
+    return params[0] * x + params[1] * v + params[2]
+"""
+
+
+def test_the_sandbox_hides_the_test_targets(sandbox: Sandbox) -> None:
+    """The same program scores above LLM-SR where the data are in sight and exactly the seed's 0
+    where the sandbox hides them (its default)."""
+
+    class Exposed(EquationDiscovery):
+        def private_paths(self) -> tuple[str, ...]:
+            return ()
+
+    with Sandbox(workers=1, private_paths=()) as exposed:
+        stolen = evaluate(Exposed("oscillator1"), STEAL_TARGETS, exposed)
+    assert stolen.status == "ok" and "stolen" in stolen.artifacts["fit"]["stdout"]
+    assert stolen.scores["fit_id"] > 3 and stolen.scores["fit_ood"] > 1
+    evaluation = evaluate(EquationDiscovery("oscillator1"), STEAL_TARGETS, sandbox)
+    assert evaluation.status == "ok", evaluation.reason
+    assert "nothing found" in evaluation.artifacts["fit"]["stdout"]
+    assert set(evaluation.scores.values()) == {0.0}
+
+
+def test_each_problem_declares_its_data_private() -> None:
+    for key in SPECS:
+        assert tuple(EquationDiscovery(key).private_paths()) == (str(DATA),)
+
+
 def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
     """Completions as data through the campaign's own path: parsed, evaluated, stored with
     the NMSE as raw value, and the next prompt states the task and shows the scores."""

@@ -550,6 +550,55 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     assert "control groups need root" in result.stdout  # said, not silently missing
 
 
+@pytest.mark.skipif(not ROOT, reason="needs root to start the harness as another user")
+def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
+    """The user-namespace path covers the same paths: the problems' data are gone for the
+    candidate of an unprivileged harness, readable to it when nothing is hidden, and gone again
+    when the call itself names their folder."""
+    python = _python_for_nobody()
+    if python is None:
+        pytest.skip("no Python here that an unprivileged user may run")
+    data = PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(PROJECT)!r})
+        from harness.sandbox import Sandbox
+        code = (
+            "def f(path):\\n    try:\\n        return len(open(path, 'rb').read())\\n"
+            "    except OSError as exc:\\n        return type(exc).__name__\\n"
+        )
+        outcomes = []
+        for hidden in (None, ()):
+            with Sandbox(workers=1, preload=(), private_paths=hidden) as sandbox:
+                outcomes.append(sandbox.run(code, "f", ({str(data)!r},)))
+                if hidden == ():
+                    private = ({str(data.parent)!r},)
+                    outcomes.append(sandbox.run(code, "f", ({str(data)!r},), None, private))
+        print(json.dumps([[o.value, o.isolation, o.warnings] for o in outcomes]))
+        """
+    )
+    result = _as_nobody([python, "-c", script])
+    assert result.returncode == 0, result.stderr
+    (hidden, isolation, warnings), (shown, _, _), (per_call, _, _) = json.loads(result.stdout)
+    if "user-namespace" not in isolation:
+        pytest.skip(f"user namespaces are not allowed here: {warnings}")
+    assert "private-paths-hidden" in isolation
+    assert hidden == per_call == "FileNotFoundError"
+    assert shown == data.stat().st_size
+
+
+def _python_for_nobody() -> str | None:
+    return next(
+        (
+            exe
+            for exe in (sys.executable, shutil.which("python3"), "/usr/bin/python3")
+            if exe and _runs_as_nobody([exe, "-c", "pass"])
+        ),
+        None,
+    )
+
+
 def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         argv,

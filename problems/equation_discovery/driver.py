@@ -23,9 +23,11 @@ fully trusted. What it does against a hostile program, cheaply:
 - `equation` gets fresh copies of its inputs and of `params` on every call, and the training
   target shares no buffer with them.
 What is left (see docs/problems.md): module-level code runs before all of this with the whole
-interpreter in reach, and the sandbox lets it read the installed package's data files, test
-targets included. The parent scores predictions against test targets it never sends here; that
-is a defence only while the program cannot read them from disk.
+interpreter in reach. The test targets are out of its reach: the parent never sends them here,
+and the sandbox hides the package's data/ and the project's packages from the program (data/
+is an empty folder to it). The training targets are not, by design: they are in this process, and
+a program can reach them by ways the tripwire does not recognise and interpolate them, which
+scores in-domain and fails out of domain (fit_ood).
 """
 
 import builtins as _vpo_ed_builtins
