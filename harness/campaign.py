@@ -58,6 +58,8 @@ class Progress:
     evaluations: int = 0
     tokens: int = 0
     skipped: int = 0  # iterations that produced nothing (see harness.generation)
+    rollouts: int = 0
+    parsed: int = 0  # rollouts whose m candidates all parsed
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step, as a line
@@ -69,6 +71,8 @@ class Progress:
             f"iteration {iteration}/{total} | best {best} | "
             f"{self.evaluations / wall:.2f} evals/s | {self.tokens / wall:.0f} tok/s"
         )
+        if self.rollouts:
+            line = f"{line} | parsed {self.parsed}/{self.rollouts}"
         if self.skipped:
             line = f"{line} | {self.skipped} skipped"
         return line if self.train is None else f"{line} | {self.train}"
@@ -355,6 +359,7 @@ def store_iteration(
     """The group, its rollouts and its new programs (`evaluations` by code hash) in one
     transaction; then this run's code hashes and progress."""
     selection = sampled.selection
+    rollouts = rollout_records(group, sampled.completions, evaluations)
     campaign.store.record_iteration(
         campaign.campaign_id,
         NewGroup(
@@ -364,7 +369,7 @@ def store_iteration(
             draft_ids=selection.draft_ids,
             prompt=sampled.prompt,
             prompt_token_ids=sampled.prompt_token_ids,
-            rollouts=rollout_records(group, sampled.completions, evaluations),
+            rollouts=rollouts,
             policy_version_id=sampled.policy_version_id,
             skipped=sampled.skipped,
             population=sampled.population,
@@ -376,6 +381,8 @@ def store_iteration(
     progress.iterations += 1
     progress.skipped += sampled.skipped is not None
     progress.evaluations += len(evaluations)
+    progress.rollouts += len(rollouts)
+    progress.parsed += sum(r.parse_status == "ok" for r in rollouts)
     for evaluation in evaluations.values():
         if evaluation.status == "ok":
             for name, value in evaluation.scores.items():

@@ -277,7 +277,7 @@ def _read(
         # Without a closed one, the last opening is the real attempt (earlier ones are
         # mentions while reasoning); when it runs to the end, generation stopped inside it.
         start, end, ending = closed[0] if closed else found[-1]
-        if ending == "eof":
+        if ending == "eof" and not _complete(text[start:end]):
             parsed.append(_none(index, f"truncated: <candidate_{index}> is never closed"))
         else:
             parsed.append(_candidate(index, text[start:end], parent, max_code_chars))
@@ -304,6 +304,14 @@ def _untagged(
             reason = "no <candidate_1> tags and no code block in the completion"
         return [_none(i, reason) for i in range(1, candidates + 1)]
     return [first, *(_none(i, rest) for i in range(2, candidates + 1))]
+
+
+def _complete(body: str) -> bool:
+    """A last candidate without its closing tag is whole when its code is: a closed code block
+    or a finished SEARCH/REPLACE edit (small models often stop there, forgetting the tag)."""
+    if _has_edits(body):
+        return body.rstrip().endswith(">>>>>>> REPLACE")
+    return any(block.closed for block in _fenced_blocks(body))
 
 
 def _candidate(index: int, body: str, parent: str, max_code_chars: int) -> ParsedCandidate:

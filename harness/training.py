@@ -278,13 +278,15 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
         metrics=metrics.as_dict(),
         group_ids=[g.id for g in stored],
     )
-    publish(
-        trainer.policy,
-        generator,
-        folder,
-        campaign_name=trainer.name,
-        write_merged=trainer.write_merged,
-    )
+    if generator is None or metrics.trained:
+        # A step that trained nothing left the weights as the generator has them already.
+        publish(
+            trainer.policy,
+            generator,
+            folder,
+            campaign_name=trainer.name,
+            write_merged=trainer.write_merged,
+        )
     return metrics
 
 

@@ -105,6 +105,16 @@ def test_a_truncated_last_candidate_is_rejected() -> None:
     assert parsed[1].error == "truncated: <candidate_2> is never closed"
 
 
+def test_a_last_candidate_whose_code_block_closed_needs_no_closing_tag() -> None:
+    """Small models stop after the code, forgetting </candidate_m>: the program is whole."""
+    text = "<candidate_1>\n```python\na = 1\n```\n<candidate_2>\n```python\nb = 2\n```\n"
+    assert codes(parse_completion(text, 2, PARENT)) == ["a = 1\n", "b = 2\n"]
+    edit = "<<<<<<< SEARCH\nx = 1\n=======\nx = 2\n>>>>>>> REPLACE\n"
+    assert parse_completion(f"<candidate_1>\n{edit}", 1, "x = 1\n")[0].code == "x = 2\n"
+    cut = parse_completion(f"<candidate_1>\n{edit[:-9]}", 1, "x = 1\n")[0]
+    assert cut.error == "truncated: <candidate_1> is never closed"
+
+
 def test_an_unclosed_fence_is_closed_by_the_tag() -> None:
     text = "<candidate_1>\n```python\nx = 1\n</candidate_1>"
     assert codes(parse_completion(text, 1, PARENT)) == ["x = 1\n"]

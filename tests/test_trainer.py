@@ -238,6 +238,7 @@ def test_rollouts_with_zero_advantage_are_skipped_without_changing_the_step(
     flat = Group(real.rollouts, np.zeros(real.scores.shape), real.mask)
     metrics = train_step(policy, [flat, flat], TrainConfig())
     assert metrics.trained == 0 and metrics.grad_norm == 0.0 and metrics.step == 1
+    assert metrics.mean_ratio == 1.0 and "weights unchanged" in metrics.line()
     assert all(torch.equal(before[k], v) for k, v in weights_of(policy).items())
 
 

@@ -139,6 +139,12 @@ class StepMetrics:
 
     def line(self) -> str:
         stale = "" if self.staleness is None else f" | stale {self.staleness:.1f}"
+        if not self.trained:
+            return (
+                f"step {self.step} | set score {self.set_score:.3f} | zero-std "
+                f"{self.zero_std_fraction:.0%} | nothing to learn: every advantage is 0, "
+                f"0/{self.rollouts} rollouts trained, weights unchanged"
+            )
         return (
             f"step {self.step} | loss {self.loss:+.4f} | kl {self.kl:.2e} | set score "
             f"{self.set_score:.3f} | zero-std {self.zero_std_fraction:.0%} | diversity "
@@ -309,6 +315,8 @@ def train_step(
         sums["kl"] += parts.kl
         sums["clipped"] += parts.clipped
         sums["ratio"] += parts.ratio
+    # The per-token metrics are over the tokens that ran (a fresh step's ratio is 1, not 0).
+    ran = max(sum(len(rows[i][1]) for i in order), 1)
     parameters = policy.trainable_parameters()
     if not order and processes == 1:
         for parameter in parameters:  # nothing ran: a zero gradient, and no optimiser step
@@ -337,10 +345,10 @@ def train_step(
         rollouts=len(rollouts),
         tokens=local_tokens,
         loss=sums["loss"],
-        policy_loss=sums["policy"] / max(local_tokens, 1),
-        kl=sums["kl"] / max(local_tokens, 1),
-        clip_fraction=sums["clipped"] / max(local_tokens, 1),
-        mean_ratio=sums["ratio"] / max(local_tokens, 1),
+        policy_loss=sums["policy"] / ran,
+        kl=sums["kl"] / ran,
+        clip_fraction=sums["clipped"] / ran,
+        mean_ratio=sums["ratio"] / ran if order else 1.0,
         sampler_fraction=sum(1 for row in rows if row[2] is not None) / max(len(rows), 1),
         staleness=_staleness(rollouts, policy.step - 1),
         fresh_gap=gap / gap_tokens if gap_tokens else None,
@@ -350,7 +358,7 @@ def train_step(
         zero_std_fraction=advantages.zero_std_groups / len(groups),
         diversity=float(np.mean(advantages.diversity)) if advantages.diversity else 0.0,
         seconds=seconds,
-        tokens_per_second=local_tokens / seconds,
+        tokens_per_second=(ran if order else 0) / seconds,
         advantage=config.advantage,
     )
 

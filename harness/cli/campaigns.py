@@ -103,7 +103,18 @@ def _run_one(args: argparse.Namespace) -> int:
     summary = store.summary(campaign_id)
     render.print_best(problem, summary)
     print(f"database: {store.where}")
+    print(next_steps(args.db or store.where))
     return 0
+
+
+def next_steps(db: str) -> str:
+    """What to look at once a campaign has run."""
+    return (
+        "look next:\n"
+        f"  vpo ui --db {db}                 the dashboard: programs, lineage, training\n"
+        f"  vpo db plot --db {db} --out plots   best scores, parse rate, diversity (PNG)\n"
+        f"  vpo db top --db {db}             the best programs"
+    )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -132,6 +132,7 @@ def print_best(problem: Problem, summary: Any) -> None:
         f"programs: {summary.programs} ({summary.valid_programs} valid), "
         f"iterations: {summary.groups}, tokens: {summary.tokens}"
         + (f", skipped: {summary.skipped} (vpo db stats)" if summary.skipped else "")
+        + (f", policy versions: {summary.policy_versions}" if summary.policy_versions else "")
     )
 
 
