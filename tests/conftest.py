@@ -31,6 +31,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
+from harness import zygote
 from harness.db import GroupDraft, Program, RolloutGroup, Trajectory
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
@@ -39,6 +40,8 @@ from harness.store import Store
 # cache holds far more than they ask for, where the default 4 GiB per engine would add up when
 # several workers run at once. Subprocesses inherit it.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+PROJECT = Path(__file__).resolve().parents[1]
 
 INSTALL_HINT = (
     "PostgreSQL server binaries not found; install them with `apt-get install postgresql` "
@@ -298,6 +301,48 @@ def _assert_read_only(folder: Path) -> None:
         return
     (folder / "probe").unlink()
     pytest.skip(f"{folder} could not be made read-only")
+
+
+@contextlib.contextmanager
+def in_a_candidates_sight(file: Path) -> Iterator[Path]:
+    """`file`, or a copy of it, where the candidate of a sandbox that hides nothing can read it.
+
+    Every sandbox gives its candidates a private /tmp (and /var/tmp, /dev/shm), so a checkout
+    under /tmp (a CI clone) is out of their sight whether or not the sandbox hides its data.
+    The data-hiding tests' controls ("with nothing hidden the same program finds the data")
+    then read a copy, at the same place under a folder made outside the private /tmp (home, or
+    / for root, whose home a candidate's uid cannot enter), removed afterwards."""
+    file = file.resolve()
+    if not zygote._under_private_tmp(str(file)):
+        yield file
+        return
+    # root's candidates run as other uids: every folder on the way must let them through
+    uid = None if os.geteuid() == 0 else os.geteuid()
+    host = next(
+        (
+            folder
+            for folder in (Path.home(), Path("/"))
+            if not zygote._under_private_tmp(str(folder))
+            and os.access(folder, os.W_OK)
+            and zygote._first_untraversable(str(folder), uid) is None
+        ),
+        None,
+    )
+    if host is None:
+        pytest.fail(f"nowhere outside /tmp that a candidate can read to put a copy of {file}")
+    folder = Path(tempfile.mkdtemp(prefix="vpo-in-sight-", dir=host))
+    try:
+        folder.chmod(0o755)
+        relative = file.relative_to(PROJECT) if file.is_relative_to(PROJECT) else file.name
+        copy = folder / relative
+        for parent in reversed(copy.relative_to(folder).parents[:-1]):
+            (folder / parent).mkdir()
+            (folder / parent).chmod(0o755)  # whatever the umask
+        shutil.copyfile(file, copy)
+        copy.chmod(0o644)
+        yield copy
+    finally:
+        shutil.rmtree(folder)
 
 
 @pytest.fixture

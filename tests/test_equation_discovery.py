@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import in_a_candidates_sight
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -395,7 +396,9 @@ def test_an_equation_may_import_inside_itself(sandbox: Sandbox) -> None:
 # Module-level code runs before the driver's guard: it looks for the test targets on disk (by
 # importing the package, asking importlib, walking up from each import folder, and at the path
 # the test knows, as an attacker who guessed it) and answers the test inputs with them.
-STEAL_TARGETS = f"""
+def steal_targets(guessed: Path) -> str:
+    """The program, `guessed` the package folder it knows."""
+    return f"""
 import importlib.util, os, sys
 import numpy as np
 
@@ -415,7 +418,7 @@ def _stolen():
         while entry not in ("", "/"):
             folders.append(os.path.join(entry, "problems", "equation_discovery"))
             entry = os.path.dirname(entry)
-    folders.append({str(DATA.parent)!r})
+    folders.append({str(guessed)!r})
     for folder in folders:
         try:
             with np.load(os.path.join(folder, "data", "oscillator1.npz")) as stored:
@@ -438,17 +441,21 @@ def equation(x, v, params):
 
 def test_the_sandbox_hides_the_test_targets(sandbox: Sandbox) -> None:
     """The same program scores above LLM-SR where the data are in sight and exactly the seed's 0
-    where the sandbox hides them (its default)."""
+    where the sandbox hides them (its default). In sight means a copy outside /tmp when the
+    checkout lies there: every candidate has a private /tmp, hidden data or not."""
 
     class Exposed(EquationDiscovery):
         def private_paths(self) -> tuple[str, ...]:
             return ()
 
-    with Sandbox(workers=1, private_paths=()) as exposed:
-        stolen = evaluate(Exposed("oscillator1"), STEAL_TARGETS, exposed)
+    with (
+        in_a_candidates_sight(DATA / "oscillator1.npz") as data,
+        Sandbox(workers=1, private_paths=()) as exposed,
+    ):
+        stolen = evaluate(Exposed("oscillator1"), steal_targets(data.parents[1]), exposed)
     assert stolen.status == "ok" and "stolen" in stolen.artifacts["fit"]["stdout"]
     assert stolen.scores["fit_id"] > 3 and stolen.scores["fit_ood"] > 1
-    evaluation = evaluate(EquationDiscovery("oscillator1"), STEAL_TARGETS, sandbox)
+    evaluation = evaluate(EquationDiscovery("oscillator1"), steal_targets(DATA.parent), sandbox)
     assert evaluation.status == "ok", evaluation.reason
     assert "nothing found" in evaluation.artifacts["fit"]["stdout"]
     assert set(evaluation.scores.values()) == {0.0}

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import in_a_candidates_sight
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -554,31 +555,33 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
 def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
     """The user-namespace path covers the same paths: the problems' data are gone for the
     candidate of an unprivileged harness, readable to it when nothing is hidden, and gone again
-    when the call itself names their folder."""
+    when the call itself names their folder. (Readable: a copy outside /tmp when the checkout
+    lies there, since every candidate has a private /tmp, hidden data or not.)"""
     python = _python_for_nobody()
     if python is None:
         pytest.skip("no Python here that an unprivileged user may run")
     data = PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"
-    script = textwrap.dedent(
-        f"""
-        import json, sys
-        sys.path.insert(0, {str(PROJECT)!r})
-        from harness.sandbox import Sandbox
-        code = (
-            "def f(path):\\n    try:\\n        return len(open(path, 'rb').read())\\n"
-            "    except OSError as exc:\\n        return type(exc).__name__\\n"
-        )
-        outcomes = []
-        for hidden in (None, ()):
-            with Sandbox(workers=1, preload=(), private_paths=hidden) as sandbox:
+    with in_a_candidates_sight(data) as in_sight:
+        script = textwrap.dedent(
+            f"""
+            import json, sys
+            sys.path.insert(0, {str(PROJECT)!r})
+            from harness.sandbox import Sandbox
+            code = (
+                "def f(path):\\n    try:\\n        return len(open(path, 'rb').read())\\n"
+                "    except OSError as exc:\\n        return type(exc).__name__\\n"
+            )
+            outcomes = []
+            with Sandbox(workers=1, preload=()) as sandbox:
                 outcomes.append(sandbox.run(code, "f", ({str(data)!r},)))
-                if hidden == ():
-                    private = ({str(data.parent)!r},)
-                    outcomes.append(sandbox.run(code, "f", ({str(data)!r},), None, private))
-        print(json.dumps([[o.value, o.isolation, o.warnings] for o in outcomes]))
-        """
-    )
-    result = _as_nobody([python, "-c", script])
+            with Sandbox(workers=1, preload=(), private_paths=()) as sandbox:
+                outcomes.append(sandbox.run(code, "f", ({str(in_sight)!r},)))
+                private = ({str(in_sight.parent)!r},)
+                outcomes.append(sandbox.run(code, "f", ({str(in_sight)!r},), None, private))
+            print(json.dumps([[o.value, o.isolation, o.warnings] for o in outcomes]))
+            """
+        )
+        result = _as_nobody([python, "-c", script])
     assert result.returncode == 0, result.stderr
     (hidden, isolation, warnings), (shown, _, _), (per_call, _, _) = json.loads(result.stdout)
     if "user-namespace" not in isolation:

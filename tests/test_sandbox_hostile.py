@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import in_a_candidates_sight
 
 from harness import confinement, zygote
 from harness.sandbox import Limits, Outcome, Sandbox
@@ -476,9 +477,13 @@ def test_isolation_is_reported_in_json(sandbox: Sandbox) -> None:
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKINGS = PROJECT / "problems" / "circle_packing" / "data" / "alphaevolve_circle_packings.json"
+
+
 # Every way a candidate could find the package's data: import it, ask importlib, walk up from
 # each import folder, or know the path (the test gives it, as an attacker who guessed it).
-STEAL_PACKINGS = f"""
+def steal_packings(guessed: Path) -> str:
+    """The program, `guessed` the path of the packings it knows."""
+    return f"""
 import importlib.util, json, os, sys
 import numpy as np
 
@@ -498,7 +503,7 @@ def _published():
         while entry not in ("", "/"):
             folders.append(os.path.join(entry, "problems", "circle_packing"))
             entry = os.path.dirname(entry)
-    for path in [os.path.join(f, "data", {PACKINGS.name!r}) for f in folders] + [{str(PACKINGS)!r}]:
+    for path in [os.path.join(f, "data", {PACKINGS.name!r}) for f in folders] + [{str(guessed)!r}]:
         try:
             with open(path) as handle:
                 return json.load(handle)
@@ -523,10 +528,14 @@ def test_a_program_cannot_return_alphaevolves_published_packings(sandbox: Sandbo
         def private_paths(self) -> tuple[str, ...]:
             return ()
 
-    with Sandbox(workers=1, private_paths=()) as exposed:
-        stolen = evaluate(Exposed(), STEAL_PACKINGS, exposed)
+    # in sight: a copy outside /tmp when the checkout lies there (every candidate's is private)
+    with (
+        in_a_candidates_sight(PACKINGS) as packings,
+        Sandbox(workers=1, private_paths=()) as exposed,
+    ):
+        stolen = evaluate(Exposed(), steal_packings(packings), exposed)
     assert stolen.status == "ok" and min(stolen.scores.values()) > 0.9999, stolen.reason
-    evaluation = evaluate(CirclePacking(), STEAL_PACKINGS, sandbox)
+    evaluation = evaluate(CirclePacking(), steal_packings(PACKINGS), sandbox)
     assert evaluation.status == "error" and set(evaluation.scores.values()) == {0.0}
     assert "no published packing: FileNotFoundError" in evaluation.reason
 
