@@ -182,7 +182,9 @@ You do not choose the constants. A fixed fitting step sets `params` by minimisin
 squared error on the training data (scipy.optimize.minimize, method BFGS, starting from all
 ones, numerical gradients, at most {maxiter} iterations). So write the structure of the
 equation, a skeleton with params[0] ... params[{last}] where its constants belong; entries you
-do not use are ignored. Think about the physical meaning of the variables. numpy is available
+do not use are ignored. Think about the physical meaning of the variables: the starting
+equation is linear, and the real one has terms it misses (powers, products of the inputs,
+exponentials, trigonometric or rational terms). numpy is available
 as np (import what you use). The whole fit runs in its own process with a time limit of
 {limit:g} seconds and evaluates the equation on {rows:,} rows some thousands of times, so keep
 it vectorised; reading files, inspecting frames and starting processes are refused.
