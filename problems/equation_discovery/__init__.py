@@ -16,13 +16,16 @@ Problems (`equation_discovery:NAME`; bare `equation_discovery` is oscillator1):
 
 Reward vector:
 - fit_id, fit_ood: NMSE on test_id / test_ood on a log scale, log(zero / NMSE) /
-  log(zero / best), where best is LLM-SR's better backbone per cell (scores 1) and zero the
-  seed skeleton's NMSE, or 1 (what predicting the mean scores) where the seed does worse than
-  that (scores 0; clamped there). NMSE spans eight orders of magnitude across methods, so a
-  ratio would give nothing to everything but the best. Beating LLM-SR scores above 1.
+  log(zero / best), where best is LLM-SR's better backbone per cell (scores 1) and zero is 1,
+  what predicting the mean scores (scores 0; clamped there). The seeds score 0 to 0.21, near 0,
+  and an equation worse than its seed but better than a constant still scores something, which
+  gives a policy a signal to learn from before the seed is beaten. NMSE spans eight orders of
+  magnitude across methods, so a ratio would give nothing to everything but the best. Beating
+  LLM-SR scores above 1.
 - simplicity: 1 - k / 10, k = the entries of params the fitted equation depends on (each, nudged
   on its own by 0.1% of its value, at least 0.001, changes some training prediction); 0 unless
-  the in-domain NMSE is at most half of fit_id's zero, so `params[0] + 0 * x` cannot win it.
+  the in-domain NMSE is at most half of the seed's (or of 1 where the seed does worse), so
+  `params[0] + 0 * x` cannot win it.
 
 Data: LLM-SR's CSVs (github.com/deep-symbolic-mathematics/LLM-SR, data/, MIT licence in
 data/LICENSE), stored as float64 arrays in data/<problem>.npz by scripts/llm_sr_data.py.
@@ -195,9 +198,10 @@ NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2), lower is better:
 - fit_ood: NMSE on test points outside it, {ood};
 - simplicity: 1 - k/{nparams}, where k is the number of entries of params the fitted equation
   depends on; it counts only when the in-domain NMSE is at most {gate:.3g}, else it is 0.
-Fit scores are logarithmic in the NMSE: 0 at {zero_id:.3g} (in-domain) and {zero_ood:.3g}
-(out-of-domain) or worse, where the starting equation is; 1 at {best_id:.3g} and {best_ood:.3g},
-the best published results; above 1 beats them. Every prediction must be a finite real number.
+Fit scores are logarithmic in the NMSE: 0 at 1 (what predicting the mean scores) or worse;
+the starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain); 1 at
+{best_id:.3g} and {best_ood:.3g}, the best published results; above 1 beats them. Every
+prediction must be a finite real number.
 """
 
 
@@ -222,7 +226,9 @@ def _fit_objective(spec: Spec, split: int) -> LogFit:
     name, where = ("fit_id", "in-domain") if split == 0 else ("fit_ood", "out-of-domain")
     mixtral, gpt = spec.mixtral[split], spec.gpt35[split]
     best, backbone = (mixtral, "Mixtral") if mixtral <= gpt else (gpt, "GPT-3.5")
-    zero = min(spec.seed_nmse[split], 1.0)
+    # NMSE 1 is what predicting the mean scores: 0 there, so an equation worse than the seed
+    # but better than a constant still scores (a learning signal before the seed is beaten).
+    zero = 1.0
     return LogFit(
         name,
         "min",
@@ -298,7 +304,7 @@ class EquationDiscovery(Problem):
         self.name = f"equation_discovery:{key}"
         fit_id, fit_ood = _fit_objective(spec, 0), _fit_objective(spec, 1)
         # half the error of the seed and of predicting the mean, in-domain
-        self.simplicity_gate = fit_id.zero / 2
+        self.simplicity_gate = min(spec.seed_nmse[0], 1.0) / 2
         self.objectives = (
             fit_id,
             fit_ood,
@@ -325,8 +331,8 @@ class EquationDiscovery(Problem):
             rows=len(dataset(key)["train"].target),
             ood=spec.ood,
             gate=self.simplicity_gate,
-            zero_id=fit_id.zero,
-            zero_ood=fit_ood.zero,
+            seed_id=fit_id.normalise(spec.seed_nmse[0]),
+            seed_ood=fit_ood.normalise(spec.seed_nmse[1]),
             best_id=fit_id.best_known,
             best_ood=fit_ood.best_known,
         )
