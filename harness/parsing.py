@@ -49,6 +49,7 @@ rules, in the order they apply:
 from __future__ import annotations
 
 import re
+import textwrap
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -330,7 +331,8 @@ def _candidate(index: int, body: str, parent: str, max_code_chars: int) -> Parse
 def _full(index: int, code: str, max_code_chars: int) -> ParsedCandidate:
     if len(code) > 4 * max_code_chars:  # do not even normalise a runaway
         return ParsedCandidate(index, None, "full", _too_long(max_code_chars))
-    code = normalise_code(code)
+    # A whole program indented as a block (small models indent it under the tag) is dedented.
+    code = normalise_code(textwrap.dedent(code))
     if not code:
         return ParsedCandidate(index, None, "none", "empty")
     if len(code) > max_code_chars:

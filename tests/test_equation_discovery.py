@@ -253,6 +253,15 @@ def test_a_better_equation_scores_well_above_the_seed(sandbox: Sandbox) -> None:
     assert "fitted params: [" in evaluation.artifacts["fit"]["stdout"]
 
 
+def test_numpy_is_there_as_np_as_the_statement_says(sandbox: Sandbox) -> None:
+    """A program that uses np without importing it fits like one that imports it."""
+    problem = EquationDiscovery("oscillator1")
+    body = "def equation(x, v, params):\n    return params[0] * np.sin(x) + params[1] * v\n"
+    bare, imported = evaluate_many(problem, [body, "import numpy as np\n\n" + body], sandbox)
+    assert bare.status == "ok", bare.reason
+    assert bare.raw == imported.raw and bare.scores["fit_id"] > 0
+
+
 def test_vpo_eval_json(tmp_path: Path) -> None:
     program = tmp_path / "better.py"
     program.write_text(BETTER)

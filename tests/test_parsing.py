@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 import time
 
 import pytest
@@ -113,6 +114,11 @@ def test_a_last_candidate_whose_code_block_closed_needs_no_closing_tag() -> None
     assert parse_completion(f"<candidate_1>\n{edit}", 1, "x = 1\n")[0].code == "x = 2\n"
     cut = parse_completion(f"<candidate_1>\n{edit[:-9]}", 1, "x = 1\n")[0]
     assert cut.error == "truncated: <candidate_1> is never closed"
+
+
+def test_a_program_indented_as_a_block_is_dedented() -> None:
+    text = "<candidate_1>\n```python\n    def f():\n        return 1\n```\n</candidate_1>"
+    assert codes(parse_completion(text, 1, PARENT)) == ["def f():\n    return 1\n"]
 
 
 def test_an_unclosed_fence_is_closed_by_the_tag() -> None:
@@ -351,7 +357,7 @@ programs = code_lines.map("\n".join).filter(lambda code: bool(code.strip()))
 def test_full_programs_round_trip(candidates: list[str], reasoning: str) -> None:
     text = reasoning + "\n" + "\n".join(format_full(i, c) for i, c in enumerate(candidates, 1))
     parsed = parse_completion(text, len(candidates), PARENT)
-    assert codes(parsed) == [normalise_code(c) for c in candidates]
+    assert codes(parsed) == [normalise_code(textwrap.dedent(c)) for c in candidates]
     assert all(c.kind == "full" for c in parsed)
 
 

@@ -433,3 +433,15 @@ def save_tiny_llama(folder: str | os.PathLike[str], seed: int = 0, **overrides: 
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+if __name__ == "__main__":
+    # `python -m trainer.models NAME...`: convert each embedded model into the cache now (make
+    # install does, so the first campaign does not wait for it); prints the folders.
+    import sys
+
+    for model_name in sys.argv[1:]:
+        try:
+            print(resolve_model(model_name))
+        except ModelError as error:
+            sys.exit(f"vpo: error: {error}")

@@ -152,6 +152,8 @@ def _vpo_equation_discovery(train_inputs, train_target, id_inputs, ood_inputs, m
     equation = _vpo_ed_program.get("equation")
     if not callable(equation):
         raise NameError("the program defines no function `equation`")
+    # The statement says numpy is available as np: so it is, where the program did not import it.
+    _vpo_ed_program.setdefault("np", _vpo_ed_np)
     # the driver's own lookups of builtins go through the program's globals first
     shadowed = sorted(n for n in _vpo_ed_program if n in _vpo_ed_builtin_names and n[:2] != "__")
     if shadowed:
