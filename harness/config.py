@@ -92,6 +92,9 @@ class TrainSettings:
     # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
     # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
     duplicate_reward: str = "zero"
+    # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
+    # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
+    skip_zero_advantage: bool = True
 
 
 # A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
@@ -211,6 +214,7 @@ class CampaignConfig:
     dirichlet_weights: int = TrainSettings.dirichlet_weights
     dirichlet_alpha: float = TrainSettings.dirichlet_alpha
     micro_batch: int = TrainSettings.micro_batch
+    skip_zero_advantage: bool = TrainSettings.skip_zero_advantage
     duplicate_reward: str = setting(
         TrainSettings.duplicate_reward,
         "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
@@ -299,6 +303,7 @@ class CampaignConfig:
             sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
             seed=self.seed,
             duplicate_reward=self.duplicate_reward,
+            skip_zero_advantage=self.skip_zero_advantage,
         )
 
     @property

@@ -84,6 +84,7 @@ def load_policy(
         top_p=settings.top_p,
         old_logprobs=settings.old_logprobs,
         max_tokens=settings.sequence_tokens,
+        skip_zero_advantage=settings.skip_zero_advantage,
     )
     return policy, step
 
@@ -278,8 +279,9 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
         metrics=metrics.as_dict(),
         group_ids=[g.id for g in stored],
     )
-    if generator is None or metrics.trained:
-        # A step that trained nothing left the weights as the generator has them already.
+    if generator is None or metrics.trained or not generator.in_process:
+        # A step that trained nothing left the weights as an in-process engine holds them: no
+        # reload. (A server gets each version under its name, which workers look up.)
         publish(
             trainer.policy,
             generator,
