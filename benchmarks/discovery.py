@@ -1,7 +1,7 @@
 """Discovery at an equal budget of generated tokens: no training, GRPO and VPO in the loop.
 
     python benchmarks/discovery.py [--arms none,grpo,vpo] [--seeds 0,1,2] [--model qwen-coder]
-        [--token-budget 4800] [--group-size 4] [--max-tokens 320] [--concurrency 2]
+        [--token-budget 4000] [--group-size 4] [--max-tokens 320] [--concurrency 2]
         [--train-every 2] [--micro-batch 1] [--keep DIR] [--out FILE.md] [--plot FILE.png]
 
 Arms, on one problem (equation_discovery:oscillator1) with the same model, backend, G,
@@ -447,7 +447,7 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, default=2, help="iterations in flight (0: the backend's default)"
     )
-    parser.add_argument("--token-budget", type=int, default=4800, help="tokens per run")
+    parser.add_argument("--token-budget", type=int, default=4000, help="tokens per run")
     parser.add_argument("--iterations", type=int, default=1000, help="a cap that should not bind")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=320)

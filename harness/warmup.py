@@ -27,11 +27,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.config import LORA_LEARNING_RATE, CampaignConfig
+from harness.config import CampaignConfig
 from harness.errors import UserError
 from harness.llm.base import Completion, Sampling
 from harness.parsing import parse_completion
 from problems.api import Problem
+
+# Supervised LoRA fine-tuning takes a larger rate than RL's 1e-5: QLoRA's was 2e-4 (Dettmers et
+# al. 2023, arXiv 2305.14314). At 1e-5, three steps on Qwen2.5-Coder-0.5B's own answers left
+# their NLL at 0.231 -> 0.230 nats a token and the parse rate where it was.
+WARMUP_LORA_LEARNING_RATE = 2e-4
+WARMUP_FULL_LEARNING_RATE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class WarmupSettings:
     measure: int = 64  # completions sampled after, to measure the parse rate (0: skip)
     lora: bool = True
     lora_rank: int = 16
-    learning_rate: float = LORA_LEARNING_RATE
+    learning_rate: float = WARMUP_LORA_LEARNING_RATE
 
     def __post_init__(self) -> None:
         for name in ("samples", "epochs", "answers_per_step", "lora_rank"):

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli.flags import positive_float, positive_int
-from harness.config import LORA_LEARNING_RATE
 from harness.errors import UserError
-from harness.warmup import WarmupSettings
+from harness.warmup import WARMUP_FULL_LEARNING_RATE, WARMUP_LORA_LEARNING_RATE, WarmupSettings
 
 DEFAULTS = WarmupSettings()
 
@@ -56,7 +55,8 @@ def add_commands(commands: Any) -> None:
         dest="learning_rate",
         type=positive_float,
         default=None,
-        help=f"learning rate (default {LORA_LEARNING_RATE:g} for LoRA, 1e-5 for --full)",
+        help=f"learning rate (default {WARMUP_LORA_LEARNING_RATE:g} for LoRA, "
+        f"{WARMUP_FULL_LEARNING_RATE:g} for --full)",
     )
     p.set_defaults(handler=cmd_warmup)
 
@@ -87,7 +87,8 @@ def cmd_warmup(args: argparse.Namespace) -> int:
         measure=args.measure,
         lora=not args.full,
         lora_rank=args.lora_rank,
-        learning_rate=args.learning_rate or (1e-5 if args.full else LORA_LEARNING_RATE),
+        learning_rate=args.learning_rate
+        or (WARMUP_FULL_LEARNING_RATE if args.full else WARMUP_LORA_LEARNING_RATE),
     )
     report = warm_up(config, problem, settings, out)
     before, after = report["parse_rate_before"], report.get("parse_rate_after")
