@@ -31,7 +31,10 @@ def completion(text: str) -> Completion:
 def test_an_answer_is_well_formed_when_every_candidate_parsed() -> None:
     assert well_formed(completion(ANSWER), 2, PROGRAM)
     assert not well_formed(completion(ANSWER), 3, PROGRAM)  # the third is missing
-    assert not well_formed(completion(ANSWER.replace("</candidate_2>", "")), 2, PROGRAM)
+    # Cut inside the last program: its code block never closed.
+    assert not well_formed(completion(ANSWER[: ANSWER.rindex("```")]), 2, PROGRAM)
+    # Without the last closing tag but with its code block closed, the program is whole.
+    assert well_formed(completion(ANSWER.replace("</candidate_2>", "")), 2, PROGRAM)
     # One candidate asked for: an untagged code block is taken for it, as a campaign does.
     assert well_formed(completion(f"```python\n{PROGRAM}```"), 1, PROGRAM)
     assert not well_formed(completion("no code at all"), 1, PROGRAM)
