@@ -40,7 +40,7 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 # A short equation-discovery campaign (LLM-SR's stressstrain) on the embedded
-# Qwen2.5-Coder-0.5B-Instruct, on CPU, a fresh database each time: vLLM generates 4 iterations
+# Qwen2.5-Coder-0.5B-Instruct, on CPU, a fresh database each time: vLLM generates 3 iterations
 # x G = 4 rollouts per batch and one LoRA step of VPO follows each batch, its new weights loaded
 # into vLLM before the next. The settings are in examples/demo.toml; README.md has what it
 # printed here, and how long it took.
