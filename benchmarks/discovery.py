@@ -162,9 +162,9 @@ class RunResult:
     def best(self) -> np.ndarray:
         return self.program_scores.max(axis=0)
 
-    @property
-    def hypervolume(self) -> float:
-        return hypervolume(self.program_scores)
+    def hypervolume(self, live: Sequence[int]) -> float:
+        """Over the `live` objectives: one that no program scored on would make it 0."""
+        return hypervolume(self.program_scores[:, list(live)])
 
     @property
     def tokens_per_s(self) -> float:
@@ -173,6 +173,18 @@ class RunResult:
 
 def database(folder: Path, arm: str, seed: int) -> Path:
     return folder / f"{arm}-seed{seed}.db"
+
+
+def live_objectives(runs: dict[str, list[RunResult]]) -> list[int]:
+    """The objectives some valid program of some run scored above 0 on (all, if none did): a
+    gated objective that never opened (simplicity) would make every hypervolume 0."""
+    results = [r for rs in runs.values() for r in rs]
+    scored = [
+        j
+        for j in range(len(results[0].objectives))
+        if any(len(r.program_scores) and r.program_scores[:, j].max() > 0 for r in results)
+    ]
+    return scored or list(range(len(results[0].objectives)))
 
 
 def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list[str]:
@@ -222,6 +234,7 @@ def run(arm: str, seed: int, args: argparse.Namespace, folder: Path, label: str)
         finally:
             stop(process)
     wall = time.perf_counter() - started
+    db.with_suffix(".wall").write_text(f"{wall:.1f}\n")  # for --report-from
     if returncode != 0:
         lines = [line.strip() for line in log.read_text().splitlines() if line.strip()]
         # `vpo` says what went wrong in one line; otherwise the end of a traceback.
@@ -312,6 +325,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
     import torch
 
     objectives = next(iter(runs.values()))[0].objectives
+    live = live_objectives(runs)
+    volume = "hypervolume (" + ", ".join(objectives[j] for j in live) + ")"
     lines = [
         "# Discovery at an equal budget of generated tokens: no training, GRPO and VPO",
         "",
@@ -333,18 +348,19 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         "- arms: " + "; ".join(f"`{arm}` {ARM_TITLES[arm]}" for arm in runs),
         "- each run a whole `vpo run` process on a fresh database, timed from start to exit; "
         "best = the highest score among the run's valid programs; hypervolume of the valid "
-        "programs' score vectors above the reference point 0; diversity and parse rate: "
+        "programs' score vectors above the reference point 0, over the objectives some "
+        "program scored on; diversity and parse rate: "
         "means over the run's iterations (a GRPO group has G candidate slots, the others "
         "G x 3; a rollout of m = 1 parses when its one candidate does); values: mean [min, "
         "max] over seeds",
         f"- plot: {args.plot.name} (best per objective and hypervolume against tokens generated)",
         "",
-        "| arm | " + " | ".join(f"best {name}" for name in objectives) + " | hypervolume |",
+        "| arm | " + " | ".join(f"best {name}" for name in objectives) + f" | {volume} |",
         "|---|" + "---:|" * (len(objectives) + 1),
     ]
     for arm, results in runs.items():
         cells = [spread([r.best[j] for r in results]) for j in range(len(objectives))]
-        cells.append(spread([r.hypervolume for r in results], 4))
+        cells.append(spread([r.hypervolume(live) for r in results], 4))
         lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
     lines += [
         "",
@@ -383,7 +399,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
                 str(r.iterations),
                 str(r.steps),
                 *(f"{value:.3f}" for value in r.best),
-                f"{r.hypervolume:.4f}",
+                f"{r.hypervolume(live):.4f}",
                 spread([r.diversity]),
                 spread([r.parse_rate], 2),
                 f"{r.tokens_per_s:.1f}",
@@ -399,6 +415,7 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
     import matplotlib.pyplot as plt
 
     objectives = next(iter(runs.values()))[0].objectives
+    live = live_objectives(runs)
     end = max(r.tokens for results in runs.values() for r in results)
     grid = np.linspace(0, end, GRID_POINTS)
     panels = len(objectives) + 1
@@ -410,7 +427,7 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
         # A run that ended holds its last value to the longest run's end.
         best = np.stack([best_so_far(r.program_tokens, r.program_scores, grid) for r in results])
         volume = np.stack(
-            [hypervolume_so_far(r.program_tokens, r.program_scores, grid) for r in results]
+            [hypervolume_so_far(r.program_tokens, r.program_scores[:, live], grid) for r in results]
         )
         curves = [best[:, :, j] for j in range(len(objectives))] + [volume]
         for axis, curve in zip(axes, curves, strict=True):
@@ -426,7 +443,9 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
         )
         axis.grid(alpha=0.3)
     axes[0].legend()
-    axes[-1].set_title("hypervolume of the valid programs")
+    axes[-1].set_title(
+        "hypervolume of the valid programs (" + ", ".join(objectives[j] for j in live) + ")"
+    )
     seeds = len(args.seeds)
     figure.suptitle(
         f"{args.problem} on {args.model}, token budget {args.token_budget}: mean over "
@@ -463,6 +482,12 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="keep each run's database and log here")
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        help="write the table and plot from the databases a --keep run left here (run nothing; "
+        "the same settings flags, for the report's header)",
+    )
     args = parser.parse_args()
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     unknown = [arm for arm in arms if arm not in ARMS]
@@ -475,10 +500,24 @@ def main() -> None:
     if args.token_budget <= 0:
         parser.error("--token-budget must be > 0: the arms are compared at an equal budget")
 
+    plan = [(arm, seed) for seed in args.seeds for arm in arms]
+    if args.report_from:
+        runs = {arm: [] for arm in arms}
+        for arm, seed in plan:
+            db = database(args.report_from, arm, seed)
+            wall = db.with_suffix(".wall")
+            if not db.exists() or not wall.exists():
+                raise SystemExit(f"{db} or {wall.name} is missing: was it kept by a whole run?")
+            runs[arm].append(read_run(arm, seed, db, float(wall.read_text())))
+        seconds = sum(r.wall_s for results in runs.values() for r in results)
+        plot(args, runs)
+        publish(args.out, report(args, runs, seconds))
+        print(f"plot written to {args.plot}")
+        return
+
     # A terminated benchmark unwinds (and stops the run in progress) as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     # Seed by seed, the arms in turn: a machine that slows down mid-way slows every arm.
-    plan = [(arm, seed) for seed in args.seeds for arm in arms]
     runs: dict[str, list[RunResult]] = {arm: [] for arm in arms}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vpo-discovery-") as scratch:
@@ -498,7 +537,7 @@ def main() -> None:
             print(
                 f"{label} done in {result.wall_s:.0f} s: {result.tokens} tokens, "
                 f"{result.iterations} iterations, {result.steps} steps, best {best}, "
-                f"hypervolume {result.hypervolume:.4f}, parse rate {result.parse_rate:.2f}, "
+                f"parse rate {result.parse_rate:.2f}, "
                 f"{result.tokens_per_s:.1f} tok/s",
                 file=sys.stderr,
                 flush=True,

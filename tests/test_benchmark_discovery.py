@@ -79,3 +79,22 @@ def test_best_so_far_is_the_running_max_by_tokens() -> None:
     assert best[1:].tolist() == [[0.0, 0.2], [0.0, 0.2], [0.5, 0.4], [0.5, 0.9]]
     volume = discovery.hypervolume_so_far(tokens, values, np.array([0, 100, 300]))
     assert volume.tolist() == pytest.approx([0.0, 0.5 * 0.1 + 0.3 * 0.3, 0.4 * 0.9 + 0.1 * 0.1])
+
+
+def test_the_hypervolume_leaves_out_objectives_no_program_scored_on() -> None:
+    """simplicity's gate never opened in a short run: over all three objectives every
+    hypervolume would be 0, so the report takes the objectives some program scored on."""
+
+    def result(scores: list[list[float]]) -> object:
+        values = np.array(scores, dtype=np.float64)
+        return discovery.RunResult(
+            "none", 0, ["fit_id", "fit_ood", "simplicity"], 1.0, 0, 0, 0, 0.0,
+            np.zeros(len(values), dtype=np.int64), values, 0.0, 0.0, 0.0, 0.0,
+        )  # fmt: skip
+
+    runs = {"none": [result([[0.2, 0.1, 0.0]])], "vpo": [result([[0.1, 0.3, 0.0]])]}
+    assert discovery.live_objectives(runs) == [0, 1]
+    assert runs["none"][0].hypervolume([0, 1]) == pytest.approx(0.02)
+    assert runs["none"][0].hypervolume([0, 1, 2]) == 0.0
+    nothing = {"none": [result([[0.0, 0.0, 0.0]])]}
+    assert discovery.live_objectives(nothing) == [0, 1, 2]
