@@ -17,9 +17,10 @@ batch past it), so every arm pays the same generation cost; `--iterations` is se
 never to bind. The wall clock runs from start to exit (model loading, evaluation and training
 steps included). Two iterations are in flight by default and a step follows every two new
 groups, so every batch after the first is sampled by weights one step newer (vLLM's CPU default
-of 8 in flight would spend the budget in a batch or two). The defaults (about 50 minutes on 2
-CPU cores for 3 arms x 3 seeds) match `make demo`'s settings but for concurrency: temperature
-1.0, 320 tokens, no drafts, LoRA at lr 1e-5, no KL term.
+of 8 in flight would spend the budget in a batch or two). The defaults match `make demo`'s
+settings but for concurrency: temperature 1.0, 320 tokens, no drafts, LoRA at lr 1e-5, no KL
+term. On 2 CPU cores one seed of the three arms took 29 minutes (most of it the two LoRA steps
+of each trained run), so 3 x 3 takes about an hour and a half there.
 
 Measured per run, from its database: the best score per objective among valid programs as a
 function of the tokens generated before the program's group was stored (a running max; the
