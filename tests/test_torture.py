@@ -32,10 +32,14 @@ BUDGET, EVERY = 24, 2
 @pytest.mark.timeout(900)
 def test_a_training_campaign_survives_twenty_kills(tiny_model: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
+    # The tiny model's groups are flat, and a step of flat groups only takes no optimiser step:
+    # every step runs here, so the optimiser's step count can be checked against the versions.
+    config = tmp_path / "every-step.toml"
+    config.write_text("[training]\nskip_zero_advantage = false\n")
     command = [
         sys.executable, "-m", "harness.cli", "run", "circle_packing", "--db", url,
         "--name", "w", "--model", tiny_model, "--backend", "transformers",
-        "--iterations", str(BUDGET),
+        "--config", str(config), "--iterations", str(BUDGET),
         "--group-size", "2", "--max-tokens", "24", "--train-every", str(EVERY),
         "--lr", "1e-3", "--policy-dir", str(tmp_path / "policies"),
     ]  # fmt: skip
