@@ -385,7 +385,7 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         )
         marks.append((time.perf_counter(), statements[0]))
 
-        group = classify_group(texts, CANDIDATES, parent.code, run.seen)
+        group = classify_group(texts, CANDIDATES, parent.code, run.seen, run.problem.entry)
         evaluated = {digest: next(evaluations) for digest in group.new_code}
         marks.append((time.perf_counter(), statements[0]))
 

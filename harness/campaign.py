@@ -321,6 +321,7 @@ def evaluate_and_store(
             campaign.config.candidates,
             sampled.parent.code,
             _Either(campaign.seen, fresh),
+            campaign.problem.entry,
         )
         fresh.update(group.new_code)
         groups.append(group)

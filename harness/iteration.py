@@ -1,15 +1,17 @@
 """One iteration as data: what it sampled, and what became of each candidate in it.
 
     sampled  = SampledIteration(iteration, selection, parent, prompt, completions, migrations)
-    group    = classify_group(texts, candidates, parent.code, seen)     # pure, before evaluation
+    group    = classify_group(texts, m, parent.code, seen, entry)       # pure, before evaluation
     evaluate group.new_code                                             # the sandbox, elsewhere
     rollouts = rollout_records(group, completions, evaluations)         # pure, what is stored
 
 `classify_group` parses every completion and gives candidate i of each rollout one outcome:
 "new" (code no one evaluated yet: evaluate it), "duplicate" (its code hash was evaluated
-before, earlier in this group or in `seen`: never evaluated twice) or "unparsed" (nothing to
-run, with the reason). The campaign loop, its workers and benchmarks/harness_overhead.py all go
-through these functions, so what is evaluated and stored is decided in one place.
+before, earlier in this group or in `seen`: never evaluated twice; or the parent again, its
+`entry` function and what that reaches unchanged under new docstrings or unused helpers) or
+"unparsed" (nothing to run, with the reason). The campaign loop, its workers and
+benchmarks/harness_overhead.py all go through these functions, so what is evaluated and
+stored is decided in one place.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from typing import Any, Literal
 
 from harness.llm.base import Completion, Message
 from harness.parsing import parse_completion
-from harness.records import CandidateRecord, NewProgram, ProgramRecord, RolloutRecord, code_hash
+from harness.records import (
+    CandidateRecord,
+    NewProgram,
+    ProgramRecord,
+    RolloutRecord,
+    code_hash,
+    entry_key,
+)
 from harness.selection import Selection
 from problems.api import Evaluation
 
@@ -94,12 +103,20 @@ class ParsedGroup:
 
 
 def classify_group(
-    texts: Sequence[str], candidates: int, parent_code: str, seen: Container[str]
+    texts: Sequence[str],
+    candidates: int,
+    parent_code: str,
+    seen: Container[str],
+    entry: str | None = None,
 ) -> ParsedGroup:
     """Each completion's candidates 1..`candidates`, parsed against the parent and classified
-    by code hash against `seen` (hashes evaluated before) and the candidates before them."""
+    by code hash against `seen` (hashes evaluated before) and the candidates before them. With
+    `entry`, a candidate whose `entry_key` is the parent's is a lazy duplicate of the parent
+    (named by the parent's hash, with the reason), never evaluated: it would score exactly as
+    the parent did, and training gives a copy nothing."""
     fresh: set[str] = set()
     parent_hash = code_hash(parent_code)
+    parent_key = entry_key(parent_code, entry) if entry else None
     rollouts = []
     for text in texts:
         parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
@@ -117,6 +134,19 @@ def classify_group(
                     Candidate(index, "unparsed", reason="the code contains a NUL byte")
                 )
                 errors.append(f"{index}: NUL byte")
+            elif (
+                parent_key is not None
+                and entry is not None
+                and code_hash(candidate.code) != parent_hash
+                and entry_key(candidate.code, entry) == parent_key
+            ):
+                reason = (
+                    f"the current program again: `{entry}` and what it calls are unchanged "
+                    "(only docstrings, comments or code it never calls differ)"
+                )
+                classified.append(
+                    Candidate(index, "duplicate", candidate.code, parent_hash, reason, lazy=True)
+                )
             else:
                 digest = code_hash(candidate.code)
                 lazy = digest in seen or digest == parent_hash

@@ -17,6 +17,7 @@ answer stays inside its code fence, and the parser takes tags inside a closed fe
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -270,12 +271,17 @@ def _task(problem: Problem, candidates: int) -> str:
             "from it."
         )
     else:
-        # Programs short enough to rewrite whole: one form, which a small model copies right.
+        # Programs short enough to rewrite whole: one form, which a small model copies right,
+        # shown as the seed's imports and `entry` header, so the change lands in `entry`.
         example = "\n".join(
-            format_full(i, f"...candidate {i}, a complete program...")
+            format_full(i, _skeleton(problem, f"...candidate {i}'s own new body..."))
             for i in range(1, min(2, candidates) + 1)
         )
-        form = f"Make {each} a complete program in a ```python block."
+        form = (
+            f"Make {each} a complete program in a ```python block. Only `{problem.entry}` "
+            "is scored: change what it computes (a new docstring or a function it never "
+            "calls leaves it a copy)."
+        )
     return (
         "# Your task\n\n"
         f"Write {candidates} candidate program{plural} that improve on the current "
@@ -287,6 +293,27 @@ def _task(problem: Problem, candidates: int) -> str:
         f"{example}\n\n"
         "Think briefly first if it helps; write nothing after the last candidate."
     )
+
+
+def _skeleton(problem: Problem, body: str) -> str:
+    """The seed program's imports and the header of its `entry` function, with `body` in place
+    of the function's body; "...a complete program..." when the seed has no such function."""
+    try:
+        tree = ast.parse(problem.seed_program)
+    except SyntaxError:
+        tree = ast.Module(body=[], type_ignores=[])
+    lines = problem.seed_program.splitlines()
+    imports = [
+        ast.get_source_segment(problem.seed_program, s) or ""
+        for s in tree.body
+        if isinstance(s, (ast.Import, ast.ImportFrom))
+    ]
+    for statement in tree.body:
+        if isinstance(statement, ast.FunctionDef) and statement.name == problem.entry:
+            header = lines[statement.lineno - 1 : statement.body[0].lineno - 1]
+            indent = " " * statement.body[0].col_offset
+            return "\n".join([*imports, "", *header, indent + body]).lstrip("\n")
+    return "...a complete program..."
 
 
 def _letter(i: int) -> str:

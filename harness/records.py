@@ -6,6 +6,7 @@ database rows, so nothing here imports SQLAlchemy.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,55 @@ def code_hash(code: str) -> str:
     lines = (line.rstrip() for line in code.splitlines())
     normalised = "\n".join(line for line in lines if line)
     return hashlib.sha256(normalised.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def entry_key(code: str, entry: str) -> str | None:
+    """What of `code` can change what its function `entry` computes, as a comparable string.
+
+    The syntax tree without docstrings and without the module's functions and classes that
+    neither `entry` nor the module's other statements name (directly or through each other). A
+    candidate whose key equals its parent's rewrote a docstring, renamed nothing, or added a
+    helper nothing calls: the parent again, to a scorer. Comments and layout never reach the
+    tree. None when the code does not parse, defines a name twice or lacks `entry`: such code is
+    compared by `code_hash` alone. A function reached only through a string (`globals()[...]`)
+    is not seen; a problem that scores such code is not served by this key.
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    definitions: dict[str, ast.stmt] = {}
+    for statement in tree.body:
+        if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if statement.name in definitions:
+                return None
+            definitions[statement.name] = statement
+    if entry not in definitions:
+        return None
+    defined = {id(statement) for statement in definitions.values()}
+    reached = {entry}
+    waiting = [definitions[entry]] + [s for s in tree.body if id(s) not in defined]
+    while waiting:
+        for node in ast.walk(waiting.pop()):
+            if isinstance(node, ast.Name) and node.id in definitions and node.id not in reached:
+                reached.add(node.id)
+                waiting.append(definitions[node.id])
+    kept = [s for s in tree.body if id(s) not in defined or getattr(s, "name", "") in reached]
+    module = ast.Module(body=kept, type_ignores=[])
+    for node in ast.walk(module):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            node.body = body[1:] or [ast.Pass()]
+    try:
+        return ast.dump(module, annotate_fields=False)
+    except RecursionError:
+        return None
 
 
 @dataclass(frozen=True)

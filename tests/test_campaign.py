@@ -142,7 +142,12 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
         seed = store.program(campaign.seed_id)
         prompt = [{"role": "user", "content": "improve"}]
         mixed = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, completions, [])
-        copies = [Completion(candidate_text(SEED_PROGRAM), (1, 2), None, "stop", (7, 8))] * 4
+        # The parent again beside a helper nothing calls: a copy to the scorer, so lazy too.
+        beside = SEED_PROGRAM + "\n\ndef unused_helper():\n    return 0\n"
+        copies = [
+            Completion(candidate_text(text), (1, 2), None, "stop", (7, 8))
+            for text in (SEED_PROGRAM, beside, beside, SEED_PROGRAM)
+        ]
         copied = SampledIteration(1, Selection(0, seed.id, ()), seed, prompt, copies, [])
         list(evaluate_and_store(campaign, [mixed, copied]))
     with Session(store.engine) as session:
@@ -150,6 +155,7 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
             select(Trajectory).order_by(Trajectory.group_id, Trajectory.position)
         ).all()
         slots = [t.candidates[0] for t in trajectories[:4]]
+        copied_slots = [t.candidates[0] for t in trajectories[4:]]
     # The copies of the parent are lazy; the second `smaller` repeats a candidate of the same
     # group, which is no laziness.
     assert [(s["outcome"], s["lazy"]) for s in slots] == [
@@ -159,6 +165,10 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
         ("duplicate", True),
     ]
     assert slots[0]["program_id"] == seed.id  # the stored link to the evaluation is kept
+    assert [(s["outcome"], s["lazy"], s["program_id"]) for s in copied_slots] == [
+        ("duplicate", True, seed.id)
+    ] * 4
+    assert "unchanged" in copied_slots[1]["reason"] and copied_slots[0]["reason"] is None
     objectives = ["n26", "n32", "rect21"]
     stored, all_copies = store.untrained_groups(campaign_id, 2)
     zero = to_group(stored, objectives, 1)

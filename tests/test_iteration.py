@@ -16,7 +16,7 @@ from harness.iteration import (
 )
 from harness.llm import Completion
 from harness.parsing import format_full, parse_completion
-from harness.records import code_hash
+from harness.records import code_hash, entry_key
 from problems.api import Evaluation
 
 PARENT = "def f():\n    return 1\n"
@@ -187,3 +187,65 @@ def test_what_is_new_is_evaluated_once(
     )
     stored = [c for r in records for c in r.candidates if c.program is not None]
     assert sorted(c.code_hash for c in stored) == sorted(new)
+
+
+# -- the parent again, under a new docstring or beside unused code ------------------------------
+
+SEED = '''import numpy as np
+
+
+def equation(x, v, params):
+    """Linear."""
+    return params[0] * x + params[1] * v + params[2]
+'''
+
+
+def test_entry_key_sees_through_docstrings_comments_and_unused_helpers() -> None:
+    key = entry_key(SEED, "equation")
+    assert key is not None
+    reworded = SEED.replace('"""Linear."""', '"""A fresh docstring."""  # and a comment')
+    beside = SEED + "\n\ndef new_equation(x, v, params):\n    return params[0] * x**2\n"
+    assert entry_key(reworded, "equation") == key
+    assert entry_key(beside, "equation") == key
+    no_docstring = SEED.replace('    """Linear."""\n', "")
+    assert entry_key(no_docstring, "equation") == key
+
+
+def test_entry_key_keeps_what_can_change_the_result() -> None:
+    key = entry_key(SEED, "equation")
+    changed = SEED.replace("params[2]", "params[2] * x * v")
+    helper = (
+        SEED.replace("return params[0]", "return extra(x) + params[0]")
+        + "\n\ndef extra(x):\n    return x**3\n"
+    )
+    other_helper = helper.replace("x**3", "x**2")
+    top_level = SEED + "\nnp.seterr(all='raise')\n"
+    keys = [entry_key(code, "equation") for code in (changed, helper, other_helper, top_level)]
+    assert key not in keys and len(set(keys)) == 4
+    # A helper reached only from module-level code is kept too.
+    called = SEED + "\n\ndef setup():\n    return 1\n\n\nK = setup()\n"
+    assert entry_key(called, "equation") != entry_key(called.replace("return 1", "return 2"),
+                                                      "equation")  # fmt: skip
+
+
+def test_entry_key_is_none_where_it_cannot_judge() -> None:
+    assert entry_key("def equation(:\n", "equation") is None  # a syntax error
+    assert entry_key("def f():\n    return 1\n", "equation") is None  # no entry
+    twice = SEED + "\n\ndef equation(x, v, params):\n    return x\n"
+    assert entry_key(twice, "equation") is None  # which one runs is an execution question
+
+
+def test_the_parent_under_a_new_docstring_is_a_lazy_duplicate_of_the_parent() -> None:
+    reworded = SEED.replace('"""Linear."""', '"""Starting equation, rewritten."""')
+    beside = SEED + "\n\ndef new_equation(x, v, params):\n    return params[0] * x**2\n"
+    new = SEED.replace("params[2]", "params[2] * x * v")
+    texts = [answer(reworded, beside, new)]
+    group = classify_group(texts, 3, SEED, seen=set(), entry="equation")
+    first, second, third = group.rollouts[0].candidates
+    for copy in (first, second):
+        assert (copy.outcome, copy.lazy, copy.code_hash) == ("duplicate", True, code_hash(SEED))
+        assert copy.reason is not None and "`equation`" in copy.reason
+    assert (third.outcome, third.lazy) == ("new", False)
+    assert group.new_code == {code_hash(new): new}
+    # Without an entry, only the code hash judges: all three are new programs.
+    assert outcomes(classify_group(texts, 3, SEED, seen=set())) == [["new", "new", "new"]]

@@ -125,7 +125,12 @@ def test_a_problem_of_short_programs_asks_for_complete_programs_only() -> None:
     example = text[text.index("For example:") :]
     parsed = parse_completion(example, 3, parent.code)
     assert [c.kind for c in parsed[:2]] == ["full", "full"]
-    assert parsed[1].code == "...candidate 2, a complete program...\n"
+    # Each example is the seed's imports and `equation` header with a placeholder body, so the
+    # change lands in the one function that is scored.
+    assert parsed[1].code == (
+        "import numpy as np\n\ndef equation(x, v, params):\n    ...candidate 2's own new body...\n"
+    )
+    assert "Only `equation` is scored" in text
 
 
 def test_one_candidate_wording() -> None:
