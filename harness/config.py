@@ -13,10 +13,11 @@ How a policy learns is `TrainSettings`, the same wherever it is trained; `Offlin
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
+# Programs shown beside the parent, at most: small models have small contexts.
+MAX_DRAFTS = 4
 # The two groups of flags in `vpo run --help`.
 SETTINGS = "settings (override the config file and the stored campaign)"
 TRAINING = "training (VPO inside the campaign)"
@@ -192,7 +195,7 @@ class CampaignConfig:
     # evolution
     islands: int = setting(4, "islands ({default})")
     migration_interval: int = setting(20, "iterations between migrations ({default})")
-    drafts: int = setting(3, "drafts beside the parent ({default})")  # programs; 2-4
+    drafts: int = setting(3, f"drafts beside the parent ({{default}}; at most {MAX_DRAFTS})")
     # evaluation
     workers: int = setting(0, "sandbox workers ({default}: one per CPU)")
     time_limit: float = setting(0.0, "seconds per call ({default}: the problem's own)")
@@ -242,7 +245,7 @@ class CampaignConfig:
         _require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
         _require(self.islands >= 1, "islands", "a whole number >= 1")
         _require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
-        _require(0 <= self.drafts <= 8, "drafts", "a whole number from 0 to 8")
+        _require(0 <= self.drafts <= MAX_DRAFTS, "drafts", f"a whole number from 0 to {MAX_DRAFTS}")
         _require(self.workers >= 0, "workers", "a whole number >= 0")
         _require(0 <= self.concurrency <= 1024, "concurrency", "a whole number from 0 to 1024")
         _require(self.context_tokens >= 0, "context_tokens", "a whole number >= 0 (0: the model's)")
@@ -270,6 +273,12 @@ class CampaignConfig:
         )
         _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         if self.train_every:
+            _require(
+                self.group_size >= 2,
+                "group_size",
+                "at least 2 when training (train_every > 0): an advantage compares the rollouts "
+                "of one prompt, and a group of one has none to compare",
+            )
             if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
                 _require(
                     self.candidates == 1,
@@ -328,6 +337,27 @@ KEYS = {f.name: f for f in fields(CampaignConfig)}
 if {name for name, f in KEYS.items() if str(f.type).startswith("float")} != set(FLOAT_RANGES):
     raise RuntimeError("harness.config: FLOAT_RANGES must name every float setting")
 
+# A TOML file's sections (docs/campaigns.md), for people: a key stands at the top of the file or
+# in its own section. The keys of no section (problem, name, seed, ...) stand at the top only.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "model": ("backend", "model", "base_url", "api_key_env"),
+    "generation": (
+        "concurrency", "context_tokens", "draft_chars", "feedback_chars", "retries",
+        "max_failures",
+    ),
+    "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens"),
+    "evolution": ("islands", "migration_interval", "drafts"),
+    "evaluation": ("workers", "time_limit"),
+    "training": (
+        "train_every", "advantage", "learning_rate", "lora", "lora_rank", "kl_beta",
+        "dirichlet_weights", "dirichlet_alpha", "micro_batch", "skip_zero_advantage",
+        "duplicate_reward", "old_logprobs", "policy_dir",
+    ),
+}  # fmt: skip
+SECTION_OF = {key: section for section, keys in SECTIONS.items() for key in keys}
+if not set(SECTION_OF) <= set(KEYS) or len(SECTION_OF) != sum(map(len, SECTIONS.values())):
+    raise RuntimeError("harness.config: SECTIONS must name each setting once, and only settings")
+
 
 def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
     """The config from layers applied in order (stored, then file, then flags); None means unset."""
@@ -335,8 +365,7 @@ def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
     for layer in layers:
         for key, value in layer.items():
             if key not in KEYS:
-                known = ", ".join(KEYS)
-                raise UserError(f"unknown key {key!r} in {where} (known keys: {known})")
+                raise UserError(f"unknown key {key!r} in {where}{_nearest(key, KEYS)}")
             if value is not None:
                 merged[key] = _coerce(key, value)
     return CampaignConfig(**merged)
@@ -352,15 +381,45 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise UserError(f"config file {path} is not valid TOML: {exc}") from None
     flat: dict[str, Any] = {}
     for key, value in data.items():
-        # Sections ([model], [sampling], ...) are for people; the keys are unique without them.
-        if isinstance(value, dict):
-            flat.update(value)
-        else:
+        if not isinstance(value, dict):
+            _check_key(key, None, path)
             flat[key] = value
-    for key in flat:
-        if key not in KEYS:
-            raise UserError(f"unknown key {key!r} in {path} (known keys: {', '.join(KEYS)})")
+            continue
+        if key not in SECTIONS:
+            raise UserError(f"unknown section [{key}] in {path}{_nearest(key, SECTIONS, '[{}]')}")
+        for inner in value:
+            _check_key(inner, key, path)
+        flat.update(value)
     return flat
+
+
+def _check_key(key: str, section: str | None, path: str | Path) -> None:
+    """A UserError unless `key` may stand in `section` (None: the top of the file)."""
+    if key not in KEYS:
+        where = f"{path}" if section is None else f"[{section}] of {path}"
+        close = difflib.get_close_matches(key, list(KEYS), n=1)
+        if close:
+            hint = f"; did you mean {close[0]!r} {_place(close[0])}?"
+        else:
+            hint = f" (known keys: {', '.join(KEYS if section is None else SECTIONS[section])})"
+        raise UserError(f"unknown key {key!r} in {where}{hint}")
+    if section is not None and SECTION_OF.get(key) != section:
+        raise UserError(f"key {key!r} belongs {_place(key)}, not in [{section}] of {path}")
+
+
+def _place(key: str) -> str:
+    """Where `key` stands in a TOML file."""
+    section = SECTION_OF.get(key)
+    return f"in [{section}]" if section else "at the top of the file"
+
+
+def _nearest(name: str, known: Iterable[str], shown: str = "{!r}") -> str:
+    """A hint naming the known name closest to `name` ("did you mean"), else all of them."""
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    if close:
+        return f"; did you mean {shown.format(close[0])}?"
+    return f" (known: {', '.join(shown.format(k) for k in known)})"
 
 
 def _coerce(key: str, value: Any) -> Any:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.errors import UserError
+from harness.errors import CampaignFailed, UserError
 from harness.iteration import SampledIteration
 from harness.llm import Completion, GenerationError, Generator, Message, Sampling
 from harness.llm.base import storable
@@ -54,7 +54,7 @@ def loop_settings(config: CampaignConfig, generator: Generator) -> LoopSettings:
     selection = SelectionConfig(
         islands=config.islands,
         migration_interval=config.migration_interval,
-        drafts=min(config.drafts, 4),
+        drafts=config.drafts,
     )
     sampling = Sampling(
         temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
@@ -270,8 +270,8 @@ class FailureStreak:
     def reached(self) -> bool:
         return self.count >= self.limit
 
-    def error(self) -> UserError:
-        return UserError(
+    def error(self) -> CampaignFailed:
+        return CampaignFailed(
             f"{self.count} iterations in a row produced nothing (max_failures {self.limit}); "
             f"the last: {self.last}"
         )

@@ -88,7 +88,7 @@ def build_prompt(
     if budget is None:
         return prompt
     # Drop drafts one at a time from the end; a binary search would save counts, but there are
-    # at most 8 drafts and a count is a tokenizer pass over a few thousand characters.
+    # at most 4 drafts and a count is a tokenizer pass over a few thousand characters.
     while (used := budget.count(prompt)) > budget.tokens:
         if kept:
             kept.pop()

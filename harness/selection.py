@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from harness.config import MAX_DRAFTS
 from harness.population import Population
 
 # A program beats another under w only by more than this: float noise in `scores @ w` must not
@@ -65,10 +66,10 @@ class SelectionConfig:
                 f"got {self.temperature!r}"
             )
         _at_least("drafts", self.drafts, 0)
-        if self.drafts > 4:
+        if self.drafts > MAX_DRAFTS:
             raise ValueError(
-                f"SelectionConfig.drafts must be at most 4 (small models have small contexts), "
-                f"got {self.drafts}"
+                f"SelectionConfig.drafts must be at most {MAX_DRAFTS} (small models have small "
+                f"contexts), got {self.drafts}"
             )
 
 

@@ -298,12 +298,13 @@ def export(store: Store, campaign_id: int, what: str, fmt: str, out: Path) -> in
         raise UserError(f"--what must be programs or trajectories, not {what!r}")
     if fmt not in ("jsonl", "parquet"):
         raise UserError(f"--format must be jsonl or parquet, not {fmt!r}")
+    if not out.parent.is_dir():  # a typo in the path must not become a tree of new folders
+        raise UserError(f"--out {out}: there is no folder {out.parent}; create it first")
     rows = (
         _program_rows(store, campaign_id)
         if what == "programs"
         else _trajectory_rows(store, campaign_id)
     )
-    out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "parquet":
         try:
             import pyarrow as pa

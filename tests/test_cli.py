@@ -43,8 +43,10 @@ def packing_program(bump: float = 0.0) -> str:
     )
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], words: str) -> None:
-    assert result.returncode == 2, result.stderr
+def assert_one_line_error(
+    result: subprocess.CompletedProcess[str], words: str, status: int = 2
+) -> None:
+    assert result.returncode == status, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("vpo: error:") and words in lines[0], lines[0]
@@ -191,6 +193,11 @@ def test_eval_on_a_folder_problem(tmp_path: Path) -> None:
         (("eval",), "the following arguments are required"),
         (("frobnicate",), "invalid choice"),
         (("run", "circle_packing", "--seed", "abc"), "invalid int value"),
+        # Named, not hidden behind the command that is missing after it.
+        (("--bogus",), "unrecognized arguments: --bogus"),
+        (("db", "--bogus"), "unrecognized arguments: --bogus"),
+        (("db",), "give a command: stats, top,"),
+        ((), "give a command: problems, eval, run,"),
     ],
 )
 def test_usage_errors_are_one_line(args: tuple[str, ...], words: str) -> None:
@@ -334,3 +341,67 @@ def test_a_new_campaign_whose_model_cannot_load_is_marked_failed(tmp_path: Path)
     )
     assert_one_line_error(result, "has no config.json")
     assert _campaign_status(db)[0] == "failed"
+
+
+def test_run_refuses_more_drafts_than_a_prompt_shows(tmp_path: Path) -> None:
+    """6 would be stored while the prompt showed 4: refused, naming the limit."""
+    result = vpo("run", "circle_packing", "--db", str(tmp_path / "c.db"), "--drafts", "6")
+    assert_one_line_error(result, "'drafts' must be a whole number from 0 to 4")
+    result = vpo("config", "show", "circle_packing", "-G", "1", "--train-every", "2", cwd=tmp_path)
+    assert_one_line_error(result, "'group_size' must be at least 2 when training")
+
+
+def test_read_only_commands_create_no_file_or_folder(tmp_path: Path) -> None:
+    shown = vpo("config", "show", "circle_packing", cwd=tmp_path)
+    assert shown.returncode == 0 and "drafts = 3" in shown.stdout, shown.stderr
+    missing = tmp_path / "no" / "such.db"
+    for command in (
+        ("config", "show", "circle_packing", "--db", str(missing)),
+        ("status", "--db", str(missing)),
+        ("db", "stats", "--db", str(missing)),
+        ("ui", "--db", str(missing)),
+    ):
+        assert_one_line_error(vpo(*command, cwd=tmp_path), f"no database at {missing}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_status_of_a_database_without_a_campaign_says_so(tmp_path: Path) -> None:
+    from harness.store import Store
+
+    db = tmp_path / "empty.db"
+    Store.open(str(db)).close()
+    assert_one_line_error(vpo("status", "--db", str(db)), f"{db} holds no campaign; start one")
+
+
+def test_export_refuses_a_folder_that_does_not_exist(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    assert vpo("run", "circle_packing", "--db", str(db), "--iterations", "0").returncode == 0
+    out = tmp_path / "no" / "dir" / "x.jsonl"
+    result = vpo("db", "export", "--db", str(db), "--out", str(out))
+    assert_one_line_error(result, f"there is no folder {out.parent}")
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly() -> None:
+    """`vpo problems --json | head -1`: the pipe's reader is gone before vpo writes."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "problems", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 0 and stderr == ""
+
+
+def test_an_unreachable_database_or_endpoint_exits_4(tmp_path: Path) -> None:
+    """Try again: nothing the user typed need be wrong (2 is for what is)."""
+    result = vpo("status", "--db", "postgresql://127.0.0.1:1/x")
+    assert_one_line_error(result, "cannot use PostgreSQL at postgresql://127.0.0.1:1/x", 4)
+    env = {**os.environ, "OPENAI_API_KEY": "unused"}
+    result = vpo(
+        "run", "circle_packing", "--db", str(tmp_path / "c.db"), "--iterations", "1",
+        "--backend", "openai", "--base-url", "http://127.0.0.1:9/v1", env=env,
+    )  # fmt: skip
+    assert_one_line_error(result, "cannot reach http://127.0.0.1:9/v1", 4)

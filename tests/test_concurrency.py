@@ -96,7 +96,7 @@ def test_a_prompt_that_cannot_fit_skips_its_iteration_and_too_many_stop_the_run(
         "--max-failures", "3",
     ]  # fmt: skip
     run = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.returncode == 1, run.stderr[-2000:]  # the campaign failed
     error = run.stderr.strip().splitlines()[-1]
     assert error.startswith("vpo: error: 3 iterations in a row produced nothing (max_failures 3)")
     assert "prompt too long: the prompt needs" in error and "budget is 368" in error

@@ -69,6 +69,11 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         ({"backend": "openai"}, "'base_url' must be the endpoint URL"),
         ({"candidates": 20}, "'candidates' must be a whole number from 1 to 8"),
         ({"colour": "blue"}, "unknown key 'colour'"),
+        ({"temprature": 0.5}, "did you mean 'temperature'"),
+        # A prompt shows at most 4 drafts: a larger number would be stored and never shown.
+        ({"drafts": 6}, "'drafts' must be a whole number from 0 to 4"),
+        # One rollout per prompt has nothing to be compared with: every advantage is 0.
+        ({"group_size": 1, "train_every": 2}, "'group_size' must be at least 2 when training"),
     ],
 )
 def test_bad_values_name_the_key(layer: dict, words: str) -> None:
@@ -87,6 +92,44 @@ def test_bad_toml_is_one_line(tmp_path: Path) -> None:
     file.write_text("[model]\nflavour = 1\n")
     with pytest.raises(UserError, match="unknown key 'flavour'"):
         load_toml(file)
+
+
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("[model]\ntemperature = 1.0\n", "'temperature' belongs in [sampling], not in [model]"),
+        ("[sampling]\nseed = 1\n", "'seed' belongs at the top of the file, not in [sampling]"),
+        ("[sampilng]\ntemperature = 1\n", "unknown section [sampilng] in"),
+        ("[sampilng]\ntemperature = 1\n", "; did you mean [sampling]?"),
+        ("[colours]\nred = 1\n", "(known: [model], [generation], [sampling], "),
+        ("[sampling]\ntemprature = 1\n", "'temprature' in [sampling] of"),
+        ("[model]\ntemprature = 1.0\n", "did you mean 'temperature' in [sampling]?"),
+        ("itrations = 3\n", "did you mean 'iterations' at the top of the file?"),
+        ("[sampling.extra]\ntemperature = 1.0\n", "unknown key 'extra' in [sampling]"),
+    ],
+)
+def test_toml_keys_and_sections_must_be_known_and_in_place(
+    tmp_path: Path, text: str, words: str
+) -> None:
+    """A key in the wrong section, or a misspelt one, would otherwise change nothing quietly."""
+    file = tmp_path / "campaign.toml"
+    file.write_text(text)
+    with pytest.raises(UserError) as info:
+        load_toml(file)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_every_setting_has_one_section_or_the_top(tmp_path: Path) -> None:
+    from harness.config import SECTIONS
+
+    top = {"problem", "name", "seed", "iterations", "token_budget", "strategy"}
+    in_sections = [key for keys in SECTIONS.values() for key in keys]
+    assert sorted([*top, *in_sections]) == sorted(f.name for f in fields(CampaignConfig))
+    # The layout docs/campaigns.md shows loads as it is.
+    docs = (Path(__file__).parents[1] / "docs" / "campaigns.md").read_text()
+    file = tmp_path / "campaign.toml"
+    file.write_text(docs.split("```toml\n", 1)[1].split("```", 1)[0])
+    assert build(load_toml(file)) == CampaignConfig(iterations=50)
 
 
 FLOAT_SETTINGS = sorted(f.name for f in fields(CampaignConfig) if f.type == "float")

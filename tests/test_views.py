@@ -227,6 +227,7 @@ def test_views_read_a_database_on_a_read_only_mount(
     folder = Path(sqlite_database).parent
     before = sorted(p.name for p in folder.iterdir())
     out = tmp_path.with_name(tmp_path.name + "-out")
+    out.mkdir()  # export writes into a folder that exists; it makes none
     with read_only_folder(folder) as view:
         db = str(view / Path(sqlite_database).name)
         assert run(capsys, "stats", "--db", db)["programs"] == 5

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cli import render
-from harness.cli.flags import SETTING_FLAGS, VpoParser, add_campaign_flags, positive_float
+from harness.cli.flags import SETTING_FLAGS, add_campaign_flags, add_subcommands, positive_float
 from harness.cli.programs import program_problem
 from harness.errors import UserError
 from problems.registry import load as load_problem
@@ -62,7 +62,7 @@ def add_commands(commands: Any) -> None:
 
 def add_config_command(commands: Any) -> None:
     p = commands.add_parser("config", help="campaign configuration")
-    config_commands = p.add_subparsers(dest="config_command", required=True, parser_class=VpoParser)
+    config_commands = add_subcommands(p, "config_command")
     show = config_commands.add_parser("show", help="print the effective config as TOML")
     show.add_argument("problem", nargs="?", default=None)
     add_campaign_flags(show)
@@ -149,13 +149,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    config, _problem, _store, _stored = effective_config(args)
+    config, _problem, store, _stored = effective_config(args, create=False)
+    if store is not None:
+        store.close()
     print(config.to_toml(), end="")
     return 0
 
 
-def effective_config(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
-    """(config, problem, store, stored campaign or None) from flags, file and database."""
+def effective_config(args: argparse.Namespace, *, create: bool = True) -> tuple[Any, Any, Any, Any]:
+    """(config, problem, store, stored campaign or None) from flags, file and database.
+
+    With `create` false nothing is written: the database is opened read-only, and the default
+    one (runs/PROBLEM.db) only where it exists; store is then None when there is none."""
     from harness.config import build, load_toml
     from harness.store import Store
 
@@ -166,7 +171,7 @@ def effective_config(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     store = None
     stored = None
     if args.db is not None:
-        store = Store.open(args.db)
+        store = Store.open(args.db, read_only=not create)
         stored = find_campaign(store, args.name or file.get("name"), required=False)
     problem_spec = (
         args.problem or file.get("problem") or (stored.config.get("problem") if stored else None)
@@ -176,9 +181,9 @@ def effective_config(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
             "which problem? give PROBLEM, a --config with `problem`, or a --db holding a campaign"
         )
     problem = program_problem(problem_spec)
-    if store is None:
-        db = str(Path("runs") / f"{problem.name}.db")
-        store = Store.open(db)
+    default_db = Path("runs") / f"{problem.name}.db"
+    if store is None and (create or default_db.is_file()):
+        store = Store.open(str(default_db), read_only=not create)
         stored = find_campaign(store, args.name or file.get("name") or problem.name, required=False)
     base = dict(stored.config) if stored else {}
     base["problem"] = problem_spec
@@ -197,7 +202,11 @@ def find_campaign(store: Any, name: str | None, *, required: bool) -> Any:
     campaigns = store.campaigns()
     if len(campaigns) == 1:
         return campaigns[0]
+    if required and not campaigns:
+        raise UserError(
+            f"{store.where} holds no campaign; start one with `vpo run PROBLEM --db {store.where}`"
+        )
     if required:
-        names = ", ".join(c.name for c in campaigns) or "none"
+        names = ", ".join(c.name for c in campaigns)
         raise UserError(f"{store.where} holds campaigns {names}; pick one with --name")
     return None

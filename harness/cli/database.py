@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.cli import render
 from harness.cli.campaigns import find_campaign
-from harness.cli.flags import VpoParser, k_count, port, program_id, row_count
+from harness.cli.flags import add_subcommands, k_count, port, program_id, row_count
 from harness.errors import UserError
 
 
@@ -22,7 +22,7 @@ def add_commands(commands: Any) -> None:
     p.set_defaults(handler=cmd_status)
 
     p = commands.add_parser("db", help="inspect a solution database")
-    _add_views(p.add_subparsers(dest="db_command", required=True, parser_class=VpoParser))
+    _add_views(add_subcommands(p, "db_command"))
 
     p = commands.add_parser("ui", help="a live, read-only web dashboard of a database")
     p.add_argument("--db", required=True, help="database file or URL")

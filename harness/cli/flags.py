@@ -22,6 +22,19 @@ class VpoParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
 
+def add_subcommands(parser: argparse.ArgumentParser, dest: str) -> Any:
+    """The subcommands of `parser`, one of which must be given. Checked by a handler that runs
+    once parsing is done, not by argparse's `required`, which would answer `vpo --bogus` with
+    the missing command rather than the flag it does not know."""
+
+    def missing(_args: argparse.Namespace) -> int:
+        parser.error(f"give a command: {', '.join(commands.choices)}")
+
+    commands = parser.add_subparsers(dest=dest, parser_class=VpoParser)
+    parser.set_defaults(handler=missing)
+    return commands
+
+
 def add_campaign_flags(p: argparse.ArgumentParser) -> None:
     """--config, --db, --name, and a flag per setting (None when not given, so the file and
     the stored campaign are overridden only by the flags on the command line)."""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 
 from harness.cli import campaigns, database, programs, train, warmup
-from harness.cli.flags import VpoParser
+from harness.cli.flags import VpoParser, add_subcommands
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = VpoParser(prog="vpo", description="LLM-driven discovery kept diverse by VPO.")
     parser.add_argument("--version", action="version", version=f"vpo-evolve {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=VpoParser)
+    commands = add_subcommands(parser, "command")
     programs.add_commands(commands)  # problems, eval
     campaigns.add_commands(commands)  # run, worker
     train.add_commands(commands)

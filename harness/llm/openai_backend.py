@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from harness.errors import UserError
+from harness.errors import Unreachable, UserError
 from harness.llm.base import (
     Completion,
     GenerationError,
@@ -135,7 +135,9 @@ class OpenAIGenerator:
             response = self.client.get("/models", timeout=10.0)
         except httpx.HTTPError as error:
             self.client.close()
-            raise UserError(
+            # Refused or timed out: it may answer later. A URL it cannot speak to never will.
+            down = isinstance(error, httpx.NetworkError | httpx.TimeoutException)
+            raise (Unreachable if down else UserError)(
                 f"cannot reach {self.base_url} ({_describe(error)}); is the server running?"
             ) from None
         if response.status_code in (401, 403):
