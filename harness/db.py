@@ -198,7 +198,7 @@ class Score(Base):
         # A finite number >= 0, written so NaN and infinity fail on both engines: on
         # PostgreSQL NaN sorts above every number, so an upper bound is what refuses it (SQLite
         # stores NaN as NULL, which NOT NULL refuses). Databases of earlier releases carry
-        # "value_unit" (value <= 1) instead; see REPLACED_CHECKS.
+        # "value_unit" (value <= 1) instead, until migration 0001 replaces it.
         CheckConstraint(f"value >= 0 AND value <= {MAX_SCORE:.0e}", name="value_finite"),
         # "The best programs by one objective, oldest first among equals" is a walk down this
         # index that stops after the rows wanted; without the id, ties (many programs at the
@@ -321,8 +321,8 @@ class IterationClaim(Base):
 
     A worker that dies leaves its claim to go stale after the lease; another worker then takes
     the iteration again. The group's unique (campaign, iteration) key keeps a late finisher
-    from recording it twice. Added after schema version 1 shipped: opening an older database
-    for writing creates the table.
+    from recording it twice. Added after schema version 1 shipped: migration 0001 creates it
+    in a database from before.
     """
 
     __tablename__ = "iteration_claim"
@@ -333,21 +333,6 @@ class IterationClaim(Base):
     iteration: Mapped[int] = mapped_column(primary_key=True)
     worker: Mapped[str] = mapped_column(String(200))
     claimed_at: Mapped[datetime] = mapped_column(default=utc_now)
-
-
-# Tables and nullable columns added within a schema version: a database without them is not
-# damaged, it predates them; a writable open adds them (readers never select them).
-ADDED_TABLES = ("iteration_claim",)
-ADDED_COLUMNS = (
-    ("rollout_group", "skipped"),
-    ("rollout_group", "population"),
-    ("rollout_group", "parse_rate"),
-    ("rollout_group", "pool_diversity"),
-)
-# Check constraints replaced within a schema version, (table, old name): earlier releases
-# clipped scores into [0, 1] and their score table refuses a record above 1. A writable open
-# puts the table's current checks in their place; readers need no change.
-REPLACED_CHECKS = (("score", "ck_score_value_unit"),)
 
 
 class Event(Base):

@@ -6,6 +6,7 @@ one transaction per read or write on a Core connection.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -14,32 +15,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sqlalchemy import CheckConstraint, Engine, Table, create_engine, event, inspect, select, text
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.schema import AddConstraint
 
-from harness.db import (
-    ADDED_COLUMNS,
-    ADDED_TABLES,
-    REPLACED_CHECKS,
-    SCHEMA_VERSION,
-    Base,
-    Meta,
-    create_tables,
-    dumps_json,
-    schema_copy,
-)
+from harness import migrations
+from harness.db import SCHEMA_VERSION, Base, Meta, create_tables, dumps_json
 from harness.errors import SchemaError, UserError
+
+log = logging.getLogger(__name__)
 
 # Seconds a SQLite writer waits for another writer before giving up, and a PostgreSQL client
 # waits for the server to answer: long enough for a busy campaign, short enough not to look hung.
 SQLITE_BUSY_TIMEOUT_S = 30
 POSTGRES_CONNECT_TIMEOUT_S = 5
 
-# Any fixed number: serialises concurrent `Store.open` calls that would create the tables (or
-# replace a check constraint).
+# Any fixed number: serialises concurrent `Store.open` calls that would create the tables or
+# migrate them.
 _POSTGRES_CREATE_LOCK = 0x7670_6F65
 
 
@@ -245,19 +238,27 @@ def _connect_read_only(path: str) -> sqlite3.Connection:
 
 
 def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = False) -> None:
-    """Check the schema version; create the tables when the database is empty, and indexes
-    added since (same schema version: older releases read the file as before) when not."""
+    """Check the schema version and revision; create the tables when the database is empty,
+    and migrate it to the head revision when it is behind (writers only; see
+    `harness.migrations`)."""
     sqlite = engine.dialect.name == "sqlite"
     try:
         with engine.connect() as connection:
-            is_new = _check_schema(connection, where)
+            is_new, revision = _check_schema(connection, where)
         if is_new:
             if not create:
                 raise SchemaError(f"{where} is empty, not a vpo-evolve database; create it first")
             _create_schema(engine, where)
-        elif not read_only:
-            _add_missing_indexes(engine)
-            _replace_old_checks(engine)
+        elif revision != migrations.head():
+            if not read_only:
+                _migrate(engine, where)
+            elif revision is not None:
+                # A database from before migrations is read as it is (`harness.migrations`).
+                raise SchemaError(
+                    f"{where} is at {migrations.named(revision)}; this vpo-evolve reads "
+                    f"{migrations.named(migrations.head())}: open it once with a command that "
+                    "writes (vpo run, vpo worker, vpo train --db) to migrate it"
+                )
         # A reader leaves the journal mode alone: switching it writes the file. Every
         # database a campaign wrote is in WAL already, so readers never block its writer.
         if sqlite and not read_only:
@@ -277,121 +278,47 @@ def _create_schema(engine: Engine, where: str) -> None:
                 text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
             )
         # Another process may have created the tables while we waited for the lock.
-        if _check_schema(connection, where):
+        if _check_schema(connection, where)[0]:
             create_tables(connection)
             connection.execute(
                 Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
             )
+            migrations.stamp(connection)
 
 
-def _add_missing_indexes(engine: Engine) -> None:
-    """Tables and indexes a database written by an earlier release of this schema version
-    lacks."""
-    with engine.connect() as connection:
-        tables = set(inspect(connection).get_table_names())
-    absent = [Base.metadata.tables[name] for name in ADDED_TABLES if name not in tables]
-    if absent:
-        with engine.execution_options(vpo_write=True).begin() as connection:
-            for table in absent:
-                table.create(connection, checkfirst=True)
-    _add_missing_columns(engine)
-    with engine.connect() as connection:
-        have = {
-            index["name"]
-            for table in Base.metadata.tables
-            for index in inspect(connection).get_indexes(table)
-        }
-    missing = [
-        index
-        for table in Base.metadata.tables.values()
-        for index in table.indexes
-        if index.name not in have
-    ]
-    if missing:
-        with engine.execution_options(vpo_write=True).begin() as connection:
-            for index in missing:
-                index.create(connection, checkfirst=True)
+def _migrate(engine: Engine, where: str) -> None:
+    """The database brought to the head revision in one transaction, under the writers' lock;
+    a SQLite file is copied first (inside the lock, so two processes opening it at once make
+    one copy; WAL lets the copy read while the lock is held)."""
+    with engine.execution_options(vpo_write=True).begin() as connection:
+        if engine.dialect.name != "sqlite":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
+            )
+        # Another process may have migrated it while we waited for the lock.
+        revision = migrations.current(connection)
+        if revision == migrations.head():
+            return
+        copy = None
+        if engine.dialect.name == "sqlite" and where != ":memory:":
+            copy = migrations.backup_sqlite(Path(where), revision)
+        migrations.upgrade(connection)
+    kept = f"; the database as it was is in {copy}" if copy else ""
+    log.warning(
+        "migrated %s from %s to %s%s",
+        where,
+        migrations.named(revision),
+        migrations.named(migrations.head()),
+        kept,
+    )
 
 
-def _add_missing_columns(engine: Engine) -> None:
-    """The nullable columns (ADDED_COLUMNS) a database of an earlier release lacks. Two
-    processes may race here; a column the other one added first is fine."""
-    with engine.connect() as connection:
-        inspector = inspect(connection)
-        have = {
-            table: {column["name"] for column in inspector.get_columns(table)}
-            for table in {table for table, _ in ADDED_COLUMNS}
-        }
-    for table, name in ADDED_COLUMNS:
-        if name in have[table]:
-            continue
-        column = Base.metadata.tables[table].c[name]
-        kind = column.type.compile(dialect=engine.dialect)
-        try:
-            with engine.execution_options(vpo_write=True).begin() as connection:
-                connection.execute(text(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"))
-        except DBAPIError:
-            with engine.connect() as connection:
-                names = {c["name"] for c in inspect(connection).get_columns(table)}
-            if name not in names:
-                raise
-
-
-def _replace_old_checks(engine: Engine) -> None:
-    """The current check constraints in place of those REPLACED_CHECKS names (earlier releases'
-    score table refuses a record above 1), one transaction per table. PostgreSQL alters the
-    table; SQLite cannot drop a constraint, so there the table is rebuilt with its rows and
-    indexes. A database without the old checks is left alone."""
-    with engine.connect() as connection:
-        tables = sorted(
-            {table for table, name in REPLACED_CHECKS if _has_check(connection, table, name)}
-        )
-    for name in tables:
-        with engine.execution_options(vpo_write=True).begin() as connection:
-            if engine.dialect.name != "sqlite":
-                connection.execute(
-                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
-                )
-            # Another process may have replaced them while we waited for the lock.
-            old = [c for t, c in REPLACED_CHECKS if t == name and _has_check(connection, t, c)]
-            if not old:
-                continue
-            table = schema_copy().tables[name]
-            if engine.dialect.name == "sqlite":
-                _rebuild_sqlite_table(connection, table)
-                continue
-            for check in old:
-                connection.execute(text(f"ALTER TABLE {name} DROP CONSTRAINT {check}"))
-            have = {check["name"] for check in inspect(connection).get_check_constraints(name)}
-            for constraint in table.constraints:
-                if isinstance(constraint, CheckConstraint) and constraint.name not in have:
-                    connection.execute(AddConstraint(constraint))
-
-
-def _has_check(connection: Connection, table: str, name: str) -> bool:
-    return any(check["name"] == name for check in inspect(connection).get_check_constraints(table))
-
-
-def _rebuild_sqlite_table(connection: Connection, table: Table) -> None:
-    """`table` made anew as the schema defines it, keeping its rows, inside the caller's
-    transaction. Its indexes go first: SQLite index names are global, and the new table makes
-    them again. No other table refers to the rebuilt one (the score table), so the rename
-    touches no foreign key."""
-    for index in inspect(connection).get_indexes(table.name):
-        connection.execute(text(f'DROP INDEX "{index["name"]}"'))
-    old = f"{table.name}_before_upgrade"
-    connection.execute(text(f"ALTER TABLE {table.name} RENAME TO {old}"))
-    table.create(connection)
-    columns = ", ".join(column.name for column in table.columns)
-    connection.execute(text(f"INSERT INTO {table.name} ({columns}) SELECT {columns} FROM {old}"))
-    connection.execute(text(f"DROP TABLE {old}"))
-
-
-def _check_schema(connection: Connection, where: str) -> bool:
-    """True when the database has no tables; raises SchemaError unless it is ours and current."""
+def _check_schema(connection: Connection, where: str) -> tuple[bool, str | None]:
+    """(True, None) when the database has no tables, else (False, its revision); raises
+    SchemaError unless it is ours, of this schema version, at a revision this release knows."""
     tables = set(inspect(connection).get_table_names())
     if not tables:
-        return True
+        return True, None
     foreign = f"{where} is not a vpo-evolve database"
     if "meta" not in tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
@@ -415,10 +342,17 @@ def _check_schema(connection: Connection, where: str) -> bool:
             f"{where} was written by schema version {version}; this vpo-evolve reads version "
             f"{SCHEMA_VERSION} and cannot migrate it; use the vpo-evolve release that wrote it"
         )
-    missing = set(Base.metadata.tables) - tables - set(ADDED_TABLES)
+    revision = migrations.current(connection)
+    if revision is not None and not migrations.known(revision):
+        raise SchemaError(
+            f"{where} was migrated to revision {revision} by a newer vpo-evolve; this one "
+            f"knows revisions up to {migrations.head()}; upgrade vpo-evolve"
+        )
+    adopted = set(migrations.ADOPTION_CREATES) if revision is None else set()
+    missing = set(Base.metadata.tables) - tables - adopted
     if missing:
         raise SchemaError(f"{where} lacks tables {', '.join(sorted(missing))}; it is damaged")
-    return False
+    return False, revision
 
 
 def _enable_wal(engine: Engine, where: str) -> None:
