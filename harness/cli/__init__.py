@@ -1,6 +1,7 @@
 """The `vpo` command: a face over problems, the sandbox and the solution database.
 
 Every error a user can cause is printed as one line (`vpo: error: ...`) without a traceback.
+Messages go through logging (harness/logs.py: -v, -q, a long command's log file).
 Exit status (harness/errors.py): 0 ok, 1 a candidate or campaign failed, 2 a usage error, 3 an
 internal error, 4 try again (the database or the model endpoint did not answer).
 
@@ -15,11 +16,13 @@ internal error, 4 try again (the database or the model endpoint did not answer).
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from harness import logs
 from harness.errors import EXIT_INTERNAL, EXIT_OK, EXIT_TRY_AGAIN, EXIT_USAGE, UserError
 
 
@@ -35,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         args = build_parser().parse_args(argv)
+        shown = list(sys.argv[1:] if argv is None else argv)
+        logs.configure((args.verbose or 0) - (args.quiet or 0), " ".join(shown))
         status = int(args.handler(args))
         sys.stdout.flush()  # here, so that a reader gone away is met below and not at exit
         return status
@@ -43,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProblemLoadError as exc:
         _fail(str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
+        logs.to_file(logging.WARNING, "interrupted")
         print("vpo: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError as exc:
@@ -57,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _internal_error(exc: Exception) -> int:
+    logs.to_file(logging.ERROR, f"internal error: {type(exc).__name__}: {exc}", exc)
     if os.environ.get("VPO_DEBUG"):
         raise exc
     if _database_unreachable(exc):  # a server that went away in the middle of a command
@@ -101,5 +108,6 @@ def _stdout_gone() -> bool:
 
 
 def _fail(message: str, status: int = EXIT_USAGE) -> NoReturn:
+    logs.to_file(logging.ERROR, f"error: {' '.join(message.split())}")
     print(f"vpo: error: {' '.join(message.split())}", file=sys.stderr)
     sys.exit(status)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness import logs
 from harness.cli.campaigns import find_campaign
 from harness.cli.flags import positive_float, positive_int
 from harness.config import (
@@ -191,6 +192,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         return _train_answers(args, out)
     store = Store.open(args.db, create=False)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, one process writes the log
+        logs.attach_file(store.where, args.log_dir)
     campaign = find_campaign(store, args.name, required=True)
     if args.follow:
         return _train_follow(args, store, campaign)
@@ -281,16 +284,16 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
     speaks = os.environ.get("RANK", "0") == "0"
     if speaks:
         model = settings.training.model
-        print(f"training {model} on campaign {campaign.name!r} of {store.where}")
+        logs.say(f"training {model} on campaign {campaign.name!r} of {store.where}")
     history = train_offline(
         store,
         campaign.id,
         stored.candidates,
         settings,
-        on_step=lambda metrics: print(metrics.line(), flush=True),
+        on_step=lambda metrics: logs.say(metrics.line()),
     )
     if speaks:
-        print(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
+        logs.say(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
     return 0
 
 
@@ -309,7 +312,7 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
     }
     if args.lora:
         overrides |= {"lora": True, "lora_rank": args.lora_rank}
-    follow(store, campaign, overrides, steps=args.steps, poll=args.poll, say=_say)
+    follow(store, campaign, overrides, steps=args.steps, poll=args.poll, say=logs.say)
     return 0
 
 
@@ -347,13 +350,9 @@ def _train_answers(args: argparse.Namespace, out: Path) -> int:
         f"of {settings.prompts_per_step} prompts x {settings.group_size} completions, "
         f"m = {settings.candidates}"
     )
-    train_answers(problem, settings, say=_say)
+    train_answers(problem, settings, say=logs.say)
     print(f"model and report (vpo-train.json) written to {out}")
     return 0
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)  # at once: a log follows a long run as it goes
 
 
 if __name__ == "__main__":
