@@ -39,13 +39,13 @@ backends: install
 system-deps:
 	bash scripts/install-system-deps.sh
 
-# A short equation-discovery campaign (LLM-SR's stressstrain) on the embedded
+# A short equation-discovery campaign (LLM-SR's oscillator1) on the embedded
 # Qwen2.5-Coder-0.5B-Instruct, on CPU, a fresh database each time: vLLM generates 3 iterations
 # x G = 4 rollouts per batch and one LoRA step of VPO follows each batch, its new weights loaded
 # into vLLM before the next. The settings are in examples/demo.toml; README.md has what it
 # printed here, and how long it took.
 demo: install
-	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies
+	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies runs/demo.log
 	$(BIN)/vpo run --config examples/demo.toml --db runs/demo.db
 
 test: install system-deps
