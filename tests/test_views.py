@@ -200,6 +200,7 @@ def test_a_record_above_the_best_known_shows_as_one(
         "raw": None,
         "program_id": record,
         "record": "record: +20.0% over best known",
+        "iteration": 0,  # no rollout wrote it: there from the start, like the seed
     }
     assert best["b"]["program_id"] == record and best["b"]["record"] is None
     assert run(capsys, "stats", "--db", db)["best"]["a"]["record"].startswith("record: +20.0%")
@@ -209,8 +210,11 @@ def test_a_record_above_the_best_known_shows_as_one(
 
     assert main(["status", "--db", db]) == 0
     status = capsys.readouterr().out
-    assert f"1.200000 (record: +20.0% over best known; raw -, program {record})" in status
-    assert f"1.000000 (raw -, program {record})" in status
+    assert (
+        f"1.200000 (record: +20.0% over best known; raw -, program {record}, iteration 0)"
+        in status
+    )
+    assert f"1.000000 (raw -, program {record}, iteration 0)" in status
     assert main(["db", "top", "--db", db, "--objective", "a", "-n", "1"]) == 0
     assert "1.200000 (record: +20.0% over best known)" in capsys.readouterr().out
     assert main(["db", "show", "--db", db, str(record)]) == 0

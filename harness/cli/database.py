@@ -70,17 +70,17 @@ def _add_views(db_commands: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from harness import status
     from harness.store import Store
-    from harness.views import summary_json
 
     with Store.open(args.db, read_only=True) as store:  # a view: works on a read-only mount
         campaign = find_campaign(store, args.name, required=True)
-        report = summary_json(store, campaign.id)
+        report = status.report(store, campaign)
     if args.json:
         print(json.dumps(report))
     else:
         title = f"campaign {campaign.name} ({campaign.problem}, {campaign.status})"
-        render.print_summary(title, report)
+        render.print_status(title, report)
     return 0
 
 

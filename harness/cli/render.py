@@ -142,6 +142,69 @@ def print_summary(title: str, report: dict[str, Any]) -> None:
     Console().print(summary_table(title, report))
 
 
+def print_status(title: str, report: dict[str, Any]) -> None:
+    """`vpo status`: the counts, then how it is going (harness/status.py), then the best."""
+    from rich.console import Console
+
+    Console().print(summary_table(title, report, status_rows(report)))
+
+
+# The training metrics `vpo status` shows of the last step, with how each is printed.
+STEP_METRICS = (
+    ("loss", "loss", "{:+.4f}"),
+    ("kl", "kl", "{:.2e}"),
+    ("grad_norm", "grad norm", "{:.3g}"),
+    ("clip_fraction", "clip", "{:.1%}"),
+    ("set_score", "set score", "{:.3f}"),
+    ("diversity", "diversity", "{:.3f}"),
+    ("staleness", "staleness", "{:.1f}"),
+)
+
+
+def status_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """Iterations of the budget, time, pace and ETA, training, and rejected candidates."""
+    done, budget = report["iterations"], report["budget"]
+    state = "running" if report["running"] else f"idle for {duration(report['idle_s'])}"
+    rows = [
+        ("iterations done", f"{done} of {budget}" if budget is not None else str(done)),
+        ("elapsed", f"{duration(report['elapsed_s'])} ({state})"),
+        ("time left", "-" if report["eta_s"] is None else f"about {duration(report['eta_s'])}"),
+    ]
+    if report["seconds_per_iteration"] is not None:
+        rows.append(
+            (
+                f"pace (last {report['pace_window']} iterations)",
+                f"{report['seconds_per_iteration']:.1f} s per iteration, "
+                f"{report['tokens_per_s']:.0f} tokens/s, {report['evals_per_s']:.2f} evals/s",
+            )
+        )
+    last = report["last_step"]
+    shown = [
+        f"{label} {template.format(last[key])}"
+        for key, label, template in STEP_METRICS
+        if last is not None and isinstance(last.get(key), int | float)
+    ]
+    rows.append(("training steps", str(report["steps"])))
+    if shown:
+        rows.append((f"last step ({last.get('step', report['steps'])})", ", ".join(shown)))
+    rejected = ", ".join(f"{name} {n}" for name, n in report["rejections"].items())
+    rows.append((f"rejected of {report['candidates']} candidates", rejected))
+    return rows
+
+
+def duration(seconds: float) -> str:
+    """42 s, 3 min 20 s, 2 h 05 min, 3 d 4 h."""
+    whole = max(0, round(seconds))
+    minutes, s = divmod(whole, 60)
+    hours, m = divmod(minutes, 60)
+    days, h = divmod(hours, 24)
+    if days:
+        return f"{days} d {h} h"
+    if hours:
+        return f"{hours} h {m:02d} min"
+    return f"{minutes} min {s:02d} s" if minutes else f"{s} s"
+
+
 def print_view(command: str, data: Any) -> None:
     """What `vpo db COMMAND` found, as a table (top, pareto, stats, bestk, lineage), a program
     (show) or a diff."""
@@ -295,9 +358,10 @@ def summary_table(title: str, report: dict[str, Any], extra: Sequence[tuple[str,
         table.add_row(*row)
     for objective, best in report["best"].items():
         raw = "-" if best["raw"] is None else f"{best['raw']:.10g}"
+        found = f", iteration {best['iteration']}" if "iteration" in best else ""
         table.add_row(
             f"best {objective}",
-            score_text(best["score"], f"raw {raw}, program {best['program_id']}"),
+            score_text(best["score"], f"raw {raw}, program {best['program_id']}{found}"),
         )
     return table
 

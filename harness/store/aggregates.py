@@ -15,6 +15,7 @@ from sqlalchemy import case, func, literal, select, text
 
 from harness.store.opening import Database
 from harness.store.tables import (
+    EVENT,
     GROUP,
     PROGRAM,
     SCORE,
@@ -23,6 +24,10 @@ from harness.store.tables import (
     float_or_none,
     id_range,
 )
+
+# Why candidate slots were rejected: the slot outcomes and the evaluated programs' statuses
+# (`Aggregates.rejections`), in the order `vpo status` lists them.
+REJECTIONS = ("unparsed", "duplicate", "lazy", "invalid", "error", "timeout")
 
 # Every distinct objective name, one index seek each (a loose index scan).
 _DISTINCT_OBJECTIVES = text(
@@ -288,6 +293,95 @@ class Aggregates(Database):
             return connection.scalar(
                 select(func.max(PROGRAM.c.id)).where(PROGRAM.c.campaign_id == campaign_id)
             )
+
+    def recent_groups(self, campaign_id: int, last: int) -> list[tuple[int, datetime, int, int]]:
+        """(iteration, stored at, tokens its rollouts generated, programs it evaluated) of the
+        campaign's `last` newest groups (skipped ones too), in the order they were stored:
+        the recent pace."""
+        with self._reading() as connection:
+            groups = connection.execute(
+                select(GROUP.c.id, GROUP.c.iteration, GROUP.c.created_at)
+                .where(GROUP.c.campaign_id == campaign_id)
+                .order_by(GROUP.c.id.desc())
+                .limit(last)
+            ).all()
+            ids = [g.id for g in groups]
+            tokens = dict(
+                connection.execute(
+                    select(TRAJECTORY.c.group_id, func.sum(TRAJECTORY.c.num_tokens))
+                    .where(TRAJECTORY.c.group_id.in_(ids))
+                    .group_by(TRAJECTORY.c.group_id)
+                ).all()
+            )
+            evaluated = dict(
+                connection.execute(
+                    select(TRAJECTORY.c.group_id, func.count(PROGRAM.c.id))
+                    .join(PROGRAM, PROGRAM.c.trajectory_id == TRAJECTORY.c.id)
+                    .where(TRAJECTORY.c.group_id.in_(ids))
+                    .group_by(TRAJECTORY.c.group_id)
+                ).all()
+            )
+        rows = [
+            (g.iteration, g.created_at, int(tokens.get(g.id) or 0), int(evaluated.get(g.id, 0)))
+            for g in groups
+        ]
+        return sorted(rows, key=lambda row: (row[1], row[0]))
+
+    def last_record_at(self, campaign_id: int) -> datetime | None:
+        """When the campaign last wrote anything: every write logs an event with it."""
+        with self._reading() as connection:
+            return connection.scalar(
+                select(func.max(EVENT.c.created_at)).where(EVENT.c.campaign_id == campaign_id)
+            )
+
+    def rejections(
+        self, campaign_id: int, after_group: int = 0, upto_group: int | None = None
+    ) -> dict[str, int]:
+        """Why the candidate slots of the groups in (after_group, upto_group] were rejected,
+        by class (`REJECTIONS`), and how many slots there were (`candidates`): `unparsed`
+        slots; duplicates of another candidate of the iteration (`duplicate`) or of its
+        parent or a program stored before (`lazy`), neither evaluated; and the evaluated
+        programs by failed status (`invalid`, `error`, `timeout`)."""
+        counts = dict.fromkeys(("candidates", *REJECTIONS), 0)
+        groups = [
+            GROUP.c.campaign_id == campaign_id,
+            *id_range(GROUP.c.id, after_group, upto_group),
+        ]
+        with self._reading() as connection:
+            # Only the slots' JSON is read: no completions, no token ids.
+            for (slots,) in connection.execute(
+                select(TRAJECTORY.c.candidates)
+                .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
+                .where(*groups)
+            ):
+                for slot in slots:
+                    counts["candidates"] += 1
+                    outcome = slot.get("outcome")
+                    if outcome == "duplicate":
+                        counts["lazy" if slot.get("lazy") else "duplicate"] += 1
+                    elif outcome == "unparsed":
+                        counts["unparsed"] += 1
+            for status, count in connection.execute(
+                select(PROGRAM.c.status, func.count())
+                .join(TRAJECTORY, TRAJECTORY.c.id == PROGRAM.c.trajectory_id)
+                .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
+                .where(*groups, PROGRAM.c.status != "ok")
+                .group_by(PROGRAM.c.status)
+            ):
+                counts[status] += count
+        return counts
+
+    def found_at(self, program_ids: Sequence[int]) -> dict[int, int]:
+        """Program id -> the iteration of the group whose rollout wrote it, for those of
+        `program_ids` a rollout wrote."""
+        with self._reading() as connection:
+            rows = connection.execute(
+                select(PROGRAM.c.id, GROUP.c.iteration)
+                .join(TRAJECTORY, TRAJECTORY.c.id == PROGRAM.c.trajectory_id)
+                .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
+                .where(PROGRAM.c.id.in_(list(program_ids)))
+            ).all()
+        return {program_id: iteration for program_id, iteration in rows}
 
     def status_counts(
         self, campaign_id: int, after_id: int = 0, upto: int | None = None
