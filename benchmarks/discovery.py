@@ -59,6 +59,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from reporting import publish  # noqa: E402
 
+from harness.measures import front_points as pareto_front  # noqa: E402,F401
+from harness.measures import hypervolume  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 # oscillator1: the embedded model beats its seed out of domain within a few batches (make demo),
 # while on stressstrain none of its first 32 rollouts did better than predicting the mean.
@@ -79,44 +82,7 @@ STDERR_TAIL_LINES = 3
 STOP_GRACE_S = 10
 
 
-# The measures: pure functions on arrays.
-
-
-def pareto_front(points: np.ndarray) -> np.ndarray:
-    """The rows of `points` (n, d) no other row dominates (>= everywhere, > somewhere), each
-    distinct row once; maximising."""
-    points = np.unique(np.asarray(points, dtype=np.float64), axis=0)
-    geq = np.all(points[:, None, :] >= points[None, :, :], axis=2)  # geq[i, j]: i >= j
-    dominated = np.any(geq & ~np.eye(len(points), dtype=bool), axis=0)
-    return points[~dominated]
-
-
-def hypervolume(points: np.ndarray) -> float:
-    """The volume of the union of the boxes [0, p] over the rows p of `points` (n, d): the
-    region the set dominates above the reference point 0, maximising; coordinates below 0
-    count as 0.
-
-    Slicing along the last objective: with the points sorted so that z_1 >= z_2 >= ... >= z_n
-    and z_{n+1} = 0, the slab z_{i+1} < z <= z_i is crossed by exactly the boxes of points
-    1..i, so HV_d = sum_i (z_i - z_{i+1}) * HV_{d-1}(points 1..i without their last
-    coordinate), and HV_1 is the largest value. Exact; O(n^d) on the front, which here
-    holds tens of points."""
-    points = np.clip(np.asarray(points, dtype=np.float64), 0.0, None)
-    points = points[np.all(points > 0, axis=1)]  # a box with a zero side has no volume
-    if len(points) == 0:
-        return 0.0
-    points = pareto_front(points)
-    if points.shape[1] == 1:
-        return float(points.max())
-    points = points[np.argsort(-points[:, -1], kind="stable")]
-    levels = np.append(points[:, -1], 0.0)
-    return float(
-        sum(
-            (levels[i] - levels[i + 1]) * hypervolume(points[: i + 1, :-1])
-            for i in range(len(points))
-            if levels[i] > levels[i + 1]
-        )
-    )
+# The measures: pure functions on arrays (the hypervolume is harness.measures').
 
 
 def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:

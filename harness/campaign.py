@@ -36,6 +36,7 @@ from harness.population import Population
 from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.sandbox import Limits, Sandbox
 from harness.store import Store
+from harness.trackers import Reporter, check_installed, open_reporter
 from harness.training import (
     CampaignTrainer,
     base_generator,
@@ -100,6 +101,82 @@ class CampaignRun:
     progress: Progress = field(default_factory=Progress)
     last_program_id: int = 0
     trainer: CampaignTrainer | None = None  # set when the campaign trains (train_every > 0)
+    reporter: Reporter | None = None  # set when the campaign reports to trackers (report_to)
+    spend: Spend | None = None  # the tokens stored and in flight, when budgeted or priced
+
+
+@dataclass
+class Spend:
+    """The tokens a campaign paid for: each group's prompt once (a server takes the G
+    rollouts of a prompt in one request) and every rollout's completion, as stored."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def cost(self, config: CampaignConfig) -> float | None:
+        """Dollars at the config's prices per million tokens; None when it sets none."""
+        if config.price_prompt is None and config.price_completion is None:
+            return None
+        return (
+            self.prompt_tokens * (config.price_prompt or 0.0)
+            + self.completion_tokens * (config.price_completion or 0.0)
+        ) / 1e6
+
+    def add(self, batch: Sequence[SampledIteration]) -> None:
+        for sampled in batch:
+            self.prompt_tokens += len(sampled.prompt_token_ids or ())  # None when skipped
+            self.completion_tokens += sum(len(c.token_ids) for c in sampled.completions)
+
+    def stop_reason(self, config: CampaignConfig) -> str | None:
+        """Why no new batch may start (a budget reached, and how to go on), else None."""
+        if config.max_total_tokens is not None and self.total >= config.max_total_tokens:
+            return (
+                f"token budget reached: {self.total} of {config.max_total_tokens} tokens; "
+                "resume with a larger --max-total-tokens"
+            )
+        cost = self.cost(config)
+        if config.max_cost is not None and cost is not None and cost >= config.max_cost:
+            return (
+                f"cost budget reached: ${cost:.4f} of ${config.max_cost:g}; "
+                "resume with a larger --max-cost"
+            )
+        return None
+
+    def line(self, config: CampaignConfig) -> str:
+        """The cost, for the end of `vpo run` (the config sets a price)."""
+        return (
+            f"cost: ${self.cost(config):.4f} for {self.prompt_tokens} prompt and "
+            f"{self.completion_tokens} completion tokens (${config.price_prompt or 0:g} and "
+            f"${config.price_completion or 0:g} per million)"
+        )
+
+
+def stored_spend(store: Store, campaign_id: int) -> Spend:
+    """The tokens of the campaign's stored groups: a group's prompt token ids (where the
+    backend gave them) and its rollouts' completions."""
+    spend = Spend()
+    for group, trajectories in store.iter_trajectory_groups(campaign_id):
+        if trajectories:
+            spend.prompt_tokens += len(group.get("prompt_token_ids") or ())
+        spend.completion_tokens += sum(t["num_tokens"] for t in trajectories)
+    return spend
+
+
+def counts_spend(config: CampaignConfig) -> bool:
+    """Whether a run keeps count of its tokens: a budget or a price is set."""
+    return any(
+        value is not None
+        for value in (
+            config.max_total_tokens,
+            config.max_cost,
+            config.price_prompt,
+            config.price_completion,
+        )
+    )
 
 
 def open_campaign(store: Store, config: CampaignConfig, problem: Problem) -> int:
@@ -152,14 +229,25 @@ def run_campaign(
     start its model is still finished, not failed."""
     before = store.get_campaign(config.name or problem.name)
     done_before = store.iterations_done(before.id) if before is not None else 0
+    counted = before is not None and counts_spend(config)
+    spend = stored_spend(store, before.id) if counted else Spend()
+    stop = spend.stop_reason(config)
+    if stop is not None and before is not None and done_before < config.iterations:
+        if say:
+            say(stop)  # nothing to do until the budget is raised: no model to load
+        return before.id
+    check_installed(config.report_to)
     if generator is None and done_before < config.iterations:
         check_backend(config)  # before the campaign is touched
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
+    campaign: CampaignRun | None = None
     try:
         with Sandbox(workers=config.sandbox_workers) as sandbox:
             campaign = prepare(config, store, problem, campaign_id, sandbox)
+            campaign.spend = spend if counts_spend(config) else None
             name = config.name or problem.name
+            campaign.reporter = open_reporter(config, store, campaign_id, name, campaign.objectives)
             if store.missing_iterations(campaign_id, config.iterations):
                 campaign.trainer = start_trainer(
                     config, store, campaign_id, name, campaign.objectives
@@ -185,6 +273,8 @@ def run_campaign(
         _settle_status(store, campaign_id, "failed", before, done_before)
         raise
     finally:
+        if campaign is not None and campaign.reporter is not None:
+            campaign.reporter.close()
         if owns_generator and generator is not None:
             generator.close()
     return campaign_id
@@ -255,11 +345,18 @@ def evolve(
                 if say:
                     say(f"token budget spent: {spent} of {config.token_budget} tokens generated")
                 break
+            stop = campaign.spend.stop_reason(config) if campaign.spend else None
+            if stop is not None:
+                if say:
+                    say(stop)  # once the batch in flight is stored, below
+                break
             version = campaign.trainer.version_id if campaign.trainer else None
             batch = sample_batch(
                 campaign, generator, todo[start : start + width], settings, version
             )
             spent += sum(len(c.token_ids) for sampled in batch for c in sampled.completions)
+            if campaign.spend is not None:
+                campaign.spend.add(batch)  # counted once sampled: it is stored below
             if pending is not None:
                 pending.result()  # the batch before is stored before this one
                 train(campaign, generator)
@@ -284,6 +381,8 @@ def _store_and_report(
     """The evaluation thread's job: evaluate a batch and store its iterations, reporting each
     at once (not when the next generation ends, which on a CPU is minutes later)."""
     for sampled in evaluate_and_store(campaign, batch):
+        if campaign.reporter is not None:
+            campaign.reporter.iteration(campaign.progress)
         if on_progress:
             on_progress(sampled.iteration + 1, campaign.progress)
 
@@ -297,6 +396,8 @@ def train(campaign: CampaignRun, generator: Generator | None) -> bool:
     ran = False
     while (metrics := maybe_train(campaign.trainer, generator)) is not None:
         campaign.progress.train = metrics.line()
+        if campaign.reporter is not None:
+            campaign.reporter.train_step(metrics)
         ran = True
     return ran
 

@@ -34,9 +34,16 @@ DUPLICATE_REWARDS = ("zero", "keep")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 # Programs shown beside the parent, at most: small models have small contexts.
 MAX_DRAFTS = 4
-# The two groups of flags in `vpo run --help`.
+# Experiment trackers a campaign can report to (harness/trackers.py); "none" reports nowhere.
+TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
+# The groups of flags in `vpo run --help`.
 SETTINGS = "settings (override the config file and the stored campaign)"
 TRAINING = "training (VPO inside the campaign)"
+REPORTING = "reporting and budgets (run settings: change them freely on resume)"
+# Prices (dollars per million tokens) and budgets are unset (None) or a positive number; the
+# upper end keeps a cost finite.
+POSITIVE_FLOATS = ("price_prompt", "price_completion", "max_cost")
+MAX_POSITIVE = 1e12
 
 # Every float setting's range, checked in one place (`check_float`): (low, high, whether low
 # itself is allowed, the range in words). NaN and infinity are outside every range; TOML
@@ -231,6 +238,34 @@ class CampaignConfig:
     policy_dir: str | None = setting(
         None, "where policy versions are saved (default: beside the database)", group=TRAINING
     )
+    # reporting: experiment trackers fed every iteration and training step
+    report_to: tuple[str, ...] = setting(
+        (),
+        "trackers, comma-separated: tensorboard, wandb, trackio, mlflow or none (default: none)",
+        group=REPORTING,
+    )
+    tracker_dir: str | None = setting(
+        None,
+        "where trackers write (default: beside the database, runs/NAME.trackers)",
+        group=REPORTING,
+    )
+    # costs and budgets, over the campaign's stored tokens (prompt + completion)
+    price_prompt: float | None = setting(
+        None, "dollars per million prompt tokens (default: not priced)", group=REPORTING
+    )
+    price_completion: float | None = setting(
+        None, "dollars per million completion tokens (default: not priced)", group=REPORTING
+    )
+    max_total_tokens: int | None = setting(
+        None,
+        "stop once the campaign's prompt + completion tokens reach this (default: no limit)",
+        group=REPORTING,
+    )
+    max_cost: float | None = setting(
+        None,
+        "stop once the campaign's cost in dollars reaches this (needs the prices)",
+        group=REPORTING,
+    )
 
     def __post_init__(self) -> None:
         _check_floats(self)
@@ -272,6 +307,23 @@ class CampaignConfig:
             " or ".join(DUPLICATE_REWARDS),
         )
         _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
+        _require(
+            all(name in TRACKERS for name in self.report_to),
+            "report_to",
+            f"a list of {', '.join(TRACKERS)}, or none (got {', '.join(self.report_to)})",
+        )
+        _require(
+            self.max_total_tokens is None or self.max_total_tokens >= 1,
+            "max_total_tokens",
+            f"a whole number >= 1 (got {self.max_total_tokens}); leave it out for no limit",
+        )
+        if self.max_cost is not None:
+            _require(
+                self.price_prompt is not None or self.price_completion is not None,
+                "max_cost",
+                "set together with price_prompt and price_completion (dollars per million "
+                "tokens): a cost needs prices",
+            )
         if self.train_every:
             _require(
                 self.group_size >= 2,
@@ -334,8 +386,10 @@ class CampaignConfig:
 
 KEYS = {f.name: f for f in fields(CampaignConfig)}
 # A new float setting without a range would skip the finiteness check: refuse to import.
-if {name for name, f in KEYS.items() if str(f.type).startswith("float")} != set(FLOAT_RANGES):
-    raise RuntimeError("harness.config: FLOAT_RANGES must name every float setting")
+if {name for name, f in KEYS.items() if str(f.type) == "float"} != set(FLOAT_RANGES) or {
+    name for name, f in KEYS.items() if str(f.type) == "float | None"
+} != set(POSITIVE_FLOATS):
+    raise RuntimeError("harness.config: FLOAT_RANGES and POSITIVE_FLOATS must name every float")
 
 # A TOML file's sections (docs/campaigns.md), for people: a key stands at the top of the file or
 # in its own section. The keys of no section (problem, name, seed, ...) stand at the top only.
@@ -353,6 +407,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "dirichlet_weights", "dirichlet_alpha", "micro_batch", "skip_zero_advantage",
         "duplicate_reward", "old_logprobs", "policy_dir",
     ),
+    "reporting": ("report_to", "tracker_dir"),
+    "budget": ("price_prompt", "price_completion", "max_total_tokens", "max_cost"),
 }  # fmt: skip
 SECTION_OF = {key: section for section, keys in SECTIONS.items() for key in keys}
 if not set(SECTION_OF) <= set(KEYS) or len(SECTION_OF) != sum(map(len, SECTIONS.values())):
@@ -424,6 +480,8 @@ def _nearest(name: str, known: Iterable[str], shown: str = "{!r}") -> str:
 
 def _coerce(key: str, value: Any) -> Any:
     kind = str(KEYS[key].type)
+    if kind.startswith("tuple"):
+        return _names(key, value)
     try:
         if kind.startswith("bool"):
             if not isinstance(value, bool):
@@ -451,6 +509,35 @@ def _coerce(key: str, value: Any) -> Any:
         raise UserError(f"config key {key!r} must be {expected}, got {value!r}") from None
 
 
+def _names(key: str, value: Any) -> tuple[str, ...]:
+    """A list setting from a TOML list, the stored JSON list or a flag's "a,b" string; "none"
+    stands for the empty list."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"config key {key!r} must be a list of names, got {value!r}")
+    names = [v.strip() for v in value if v.strip()]
+    return tuple(dict.fromkeys(n for n in names if n != "none"))
+
+
+def check_positive(key: str, value: Any) -> float | None:
+    """`value` when unset (None) or a finite number > 0, else a UserError naming the setting."""
+    if value is None:
+        return None
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= MAX_POSITIVE
+    )
+    if not ok:
+        raise UserError(
+            f"config key {key!r} must be a number > 0 (at most {MAX_POSITIVE:g}), got {value!r}; "
+            "leave it out for none"
+        )
+    return float(value)
+
+
 def check_float(key: str, value: Any, *, name: str | None = None) -> float:
     """`value` when it lies in FLOAT_RANGES[key], else a UserError naming the setting (as
     `name`, a flag say, when given)."""
@@ -470,6 +557,8 @@ def check_float(key: str, value: Any, *, name: str | None = None) -> float:
 def _check_floats(config: CampaignConfig) -> None:
     for key in FLOAT_RANGES:
         check_float(key, getattr(config, key))
+    for key in POSITIVE_FLOATS:
+        check_positive(key, getattr(config, key))
 
 
 def _require(ok: bool, key: str, allowed: str) -> None:
@@ -478,6 +567,8 @@ def _require(ok: bool, key: str, allowed: str) -> None:
 
 
 def _toml_value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):

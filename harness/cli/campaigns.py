@@ -102,6 +102,10 @@ def _run_one(args: argparse.Namespace) -> int:
         campaign_id = run_campaign(config, store, problem, on_progress=report, say=print)
     summary = store.summary(campaign_id)
     render.print_best(problem, summary)
+    if config.price_prompt is not None or config.price_completion is not None:
+        from harness.campaign import stored_spend
+
+        print(stored_spend(store, campaign_id).line(config))
     print(f"database: {store.where}")
     print(next_steps(args.db or store.where))
     return 0

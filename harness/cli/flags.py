@@ -67,11 +67,13 @@ def _add_setting(group: Any, field: Field[Any]) -> None:
         "default": None,
         "help": meta["help"].format(default=shown),
     }
-    kind = str(field.type)
+    kind = str(field.type).removesuffix(" | None")
     if kind == "bool":
         options |= {"action": "store_const", "const": True}
     elif kind in ("int", "float"):
         options["type"] = int if kind == "int" else float
+    if field.default is None or field.default == ():
+        options["help"] = meta["help"]  # its words say what unset means
     group.add_argument(*names, **options)
 
 
