@@ -21,11 +21,11 @@ from datetime import datetime
 from importlib import resources
 from typing import Any
 
-from harness import views
+from harness import status, views
 from harness.db import MAX_ID
 from harness.errors import UserError
 from harness.records import CampaignRecord, IterationMeasures
-from harness.store import Store
+from harness.store import REJECTIONS, Store
 
 # Points the scatter cloud and the progress curve keep; they thin themselves past twice this.
 CLOUD_POINTS = 2000
@@ -72,9 +72,10 @@ class CampaignView:
         self.progress: list[tuple[int, datetime]] = []
         self.progress_stride = 1
         self.groups: list[tuple[int, datetime, int]] = []
-        # Group id -> its measures, and the highest group id read.
+        # Group id -> its measures, and the highest group id read; their rejected candidates.
         self.measures: dict[int, IterationMeasures] = {}
         self.last_measured = 0
+        self.rejected = _no_rejections()
 
     @property
     def programs(self) -> int:
@@ -145,10 +146,14 @@ class CampaignView:
         the highest id read (concurrent workers on PostgreSQL can commit out of order)."""
         store, cid = self._store, self.campaign.id
         if self.last_measured and store.group_count(cid, self.last_measured) != len(self.measures):
-            self.measures, self.last_measured = {}, 0
-        for measured in store.iteration_measures(cid, self.last_measured):
+            self.measures, self.last_measured, self.rejected = {}, 0, _no_rejections()
+        after = self.last_measured
+        for measured in store.iteration_measures(cid, after):
             self.measures[measured.group_id] = measured
             self.last_measured = max(self.last_measured, measured.group_id)
+        if self.last_measured > after:
+            for reason, count in store.rejections(cid, after, self.last_measured).items():
+                self.rejected[reason] += count
 
     def overview(self) -> dict[str, Any]:
         """Everything the main page draws."""
@@ -189,6 +194,17 @@ class CampaignView:
                     "tokens": tokens,
                 },
                 "training": [{"step": p.step, **_numbers(p.metrics)} for p in policies],
+                "status": {
+                    # Not `idle_s`: the page says whether it runs, and the overview stays a
+                    # function of the database (a live view and a fresh one answer alike).
+                    **{
+                        k: v
+                        for k, v in status.progress(self._store, self.campaign).items()
+                        if k != "idle_s"
+                    },
+                    "candidates": self.rejected["candidates"],
+                    "rejections": {k: n for k, n in self.rejected.items() if k != "candidates"},
+                },
                 "measures": _thinned(views.measure_series(list(self.measures.values()))),
                 "last_program_id": self.last_id,
             }
@@ -500,6 +516,10 @@ def _thinned(series: dict[str, Any]) -> dict[str, Any]:
     return {
         key: value if key == "window" else [value[i] for i in kept] for key, value in series.items()
     }
+
+
+def _no_rejections() -> dict[str, int]:
+    return dict.fromkeys(("candidates", *REJECTIONS), 0)
 
 
 def _minutes(at: datetime, start: datetime | None) -> float:

@@ -16,6 +16,7 @@ from conftest import free_port, read_only_folder, start_vpo
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
+from harness import status
 from harness.dashboard import Dashboard, create_app, is_loopback, request_host
 from harness.db import Program, RolloutGroup, Score, Trajectory
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord
@@ -103,9 +104,48 @@ def test_measures_follow_new_and_late_groups(database: str) -> None:
         assert seen["iteration"] == [0, 1, 2, 3, 4]
         assert seen["parse_rate"] == [1.0, 1.0, 0.0, 0.0, 0.0]
         assert seen == Dashboard(reader).view(None).overview()["measures"]
+        # The rejected candidates, counted as groups arrive, are what a fresh count finds.
+        shown = live.overview()["status"]
+        fresh = status.report(reader, reader.campaigns()[0])
+        assert shown["rejections"] == fresh["rejections"] and shown["rejections"]["unparsed"] == 3
+        assert shown["candidates"] == fresh["candidates"] == 9
     finally:
         writer.close()
         reader.close()
+
+
+def test_overview_says_how_it_is_going_and_has_each_training_metric(database: str) -> None:
+    """Iterations, pace and rejected candidates as `vpo status` counts them, and every number
+    a training step stored, per step (a missing staleness is left out, not drawn as 0)."""
+    metrics = {"loss": 0.5, "kl": 0.001, "grad_norm": 2.0, "clip_fraction": 0.25}
+    with Store.open(database) as writer:
+        for step in (1, 2):
+            writer.record_train_step(
+                1,
+                step=step,
+                path=f"s{step}",
+                metrics={**metrics, "step": step, "set_score": step / 10, "staleness": None},
+                group_ids=[step],
+            )
+    with Store.open(database, read_only=True) as store:
+        o = TestClient(create_app(store)).get("/api/overview").json()
+    s = o["status"]
+    assert (s["iterations"], s["budget"], s["eta_s"], s["steps"]) == (2, None, None, 2)
+    assert s["running"] is True and s["elapsed_s"] >= 0
+    assert s["candidates"] == 6
+    assert s["rejections"] == {
+        "unparsed": 2,
+        "duplicate": 0,
+        "lazy": 0,
+        "invalid": 0,
+        "error": 1,
+        "timeout": 0,
+    }
+    assert s["last_step"]["set_score"] == 0.2 and s["last_step"]["staleness"] is None
+    assert o["training"] == [
+        {"step": 1, **metrics, "set_score": 0.1},
+        {"step": 2, **metrics, "set_score": 0.2},
+    ]
 
 
 def test_top_table(client: TestClient) -> None:

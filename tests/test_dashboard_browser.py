@@ -150,6 +150,50 @@ def test_dashboard_in_chromium(
         timeout=30,
     )
     assert "6" in driver.find_element("id", "summary").text
+    # How it is going: the candidates rejected and why (two unparsed slots, one error).
+    rejected = driver.execute_script(
+        "const c = [...document.querySelectorAll('.card')].find(c => c.querySelector('.label')"
+        ".textContent === 'rejected candidates'); return [c.querySelector('.value').textContent,"
+        " c.querySelector('.detail').textContent]"
+    )
+    assert rejected == ["3 of 6", "unparsed 2 · error 1"]
+
+    # Training steps the campaign records: a chart per metric, a dot per step and series.
+    with Store.open(sqlite_database) as writer:
+        for step in (1, 2):
+            metrics = {
+                name: value * step
+                for name, value in (
+                    ("loss", 0.5),
+                    ("policy_loss", 0.4),
+                    ("kl", 1e-3),
+                    ("grad_norm", 1.5),
+                    ("clip_fraction", 0.1),
+                    ("set_score", 0.3),
+                    ("diversity", 0.2),
+                    ("staleness", 0.5),
+                )
+            }
+            writer.record_train_step(
+                1, step=step, path=f"s{step}", metrics={"step": step, **metrics}, group_ids=[step]
+            )
+    training = _wait(
+        driver,
+        "the training charts",
+        "const t = [...document.querySelectorAll('.plot')].filter(p => p.querySelector('h3')"
+        ".textContent.startsWith('Training: ')); return t.length === 6 && t.map(p =>"
+        " [p.querySelector('h3').textContent, p.querySelectorAll('circle').length,"
+        " p.querySelectorAll('path.line').length])",
+    )
+    assert dict((title, (dots, lines)) for title, dots, lines in training) == {
+        "Training: loss": (4, 2),
+        "Training: KL to the reference": (2, 1),
+        "Training: gradient norm": (2, 1),
+        "Training: clip fraction": (2, 1),
+        "Training: set score and diversity": (4, 2),
+        "Training: staleness": (2, 1),
+    }
+    driver.save_screenshot(str(ARTIFACTS / "dashboard-training.png"))
 
     # A record above the best known value (1): its card says so, the best-value plot draws the
     # best known value to compare, and its scores are marked in the tables.

@@ -24,7 +24,7 @@ One module per concern, each a part of `Store`:
 from __future__ import annotations
 
 from harness.records import Lineage, NewGroup, NewProgram
-from harness.store.aggregates import Aggregates
+from harness.store.aggregates import REJECTIONS, Aggregates
 from harness.store.claims import Claims
 from harness.store.inspection import Inspection
 from harness.store.iterations import Iterations
@@ -37,6 +37,7 @@ from harness.store.training import Training
 __all__ = [
     "CANDIDATE_OUTCOMES",
     "POSTGRES_CONNECT_TIMEOUT_S",
+    "REJECTIONS",
     "SQLITE_BUSY_TIMEOUT_S",
     "Lineage",
     "NewGroup",

@@ -168,24 +168,41 @@ function chart(title, series, xlabel, ylabel) {
 // ---------------------------------------------------------------------------------------------
 // Overview
 
-function card(label, value, href, note) {
+function card(label, value, href, note, detail) {
   const shown = href ? el("a", { href, text: value }) : document.createTextNode(value);
   const box = el("div", { class: note ? "card record" : "card" }, el("div", { class: "label", text: label }),
     el("div", { class: "value" }, shown));
   if (note) box.append(el("div", { class: "note", text: note }));
+  if (detail) box.append(el("div", { class: "detail", text: detail }));
   return box;
 }
 
+// 42 s, 3 min 20 s, 2 h 05 min, 3 d 4 h: as `vpo status` prints a duration.
+function duration(seconds) {
+  const whole = Math.max(0, Math.round(seconds));
+  const [m, h, d] = [Math.floor(whole / 60), Math.floor(whole / 3600), Math.floor(whole / 86400)];
+  if (d) return `${d} d ${h % 24} h`;
+  if (h) return `${h} h ${String(m % 60).padStart(2, "0")} min`;
+  return m ? `${m} min ${String(whole % 60).padStart(2, "0")} s` : `${whole} s`;
+}
+
 function renderSummary(o) {
+  const s = o.status;
+  const rejected = Object.values(s.rejections).reduce((a, b) => a + b, 0);
   const cards = [
     card("campaign", `${o.campaign.name} (${o.campaign.status})`),
     card("problem", o.campaign.problem),
     card("programs", fmt(o.programs)),
     card("valid", fmt(o.valid_programs)),
-    card("iterations", fmt(o.iterations)),
+    card("iterations", s.budget === null ? fmt(s.iterations) : `${fmt(s.iterations)} of ${fmt(s.budget)}`),
+    card("elapsed", `${duration(s.elapsed_s)}${s.running ? "" : " (idle)"}`),
+    card("time left", s.eta_s === null ? "–" : `about ${duration(s.eta_s)}`),
     card("tokens", fmt(o.tokens)),
     card("policy steps", fmt(o.policy_steps)),
   ];
+  const why = Object.entries(s.rejections).filter(([, n]) => n).map(([k, n]) => `${k} ${fmt(n)}`);
+  cards.push(card("rejected candidates", `${fmt(rejected)} of ${fmt(s.candidates)}`, null,
+    null, why.join(" · ")));
   for (const [name, best] of Object.entries(o.best)) {
     const raw = best.raw === null ? "" : ` (raw ${fmt(best.raw, 6)})`;
     cards.push(card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`, best.record));
@@ -215,17 +232,32 @@ function renderPlots(o) {
       { name: "front", kind: "front", points: front.points.map(([id, x, y]) => [x, y, id]) },
     ], front.x, front.y));
   });
-  const keys = ["diversity", "set_score"];
-  plots.push(chart(o.training.length ? "Training" : "Training (no policy versions yet)",
-    keys.map((key) => ({ name: key, kind: "trend",
-      points: o.training.filter((m) => key in m).map((m) => [m.step, m[key]]) })),
-    "training step", "value"));
+  plots.push(...trainingCharts(o.training));
   plots.push(measuresChart(o.measures));
   plots.push(chart("Programs stored", [{ name: "programs", kind: "line", points: o.progress.programs }],
     "minutes", "programs"));
   plots.push(chart("Tokens generated", [{ name: "tokens", kind: "line", points: o.progress.tokens }],
     "minutes", "tokens"));
   $("plots").replaceChildren(...plots);
+}
+
+// The metrics each training step stored (trainer/train.py StepMetrics), a chart per quantity;
+// one placeholder before the first step. A chart none of the steps has a value for is left out.
+const TRAINING = [
+  ["Training: loss", [["loss", "loss"], ["policy_loss", "policy loss"]]],
+  ["Training: KL to the reference", [["kl", "KL"]]],
+  ["Training: gradient norm", [["grad_norm", "grad norm"]]],
+  ["Training: clip fraction", [["clip_fraction", "clip fraction"]]],
+  ["Training: set score and diversity", [["set_score", "set score"], ["diversity", "diversity"]]],
+  ["Training: staleness", [["staleness", "policy versions behind"]]],
+];
+
+function trainingCharts(steps) {
+  if (!steps.length) return [chart("Training (no policy versions yet)", [], "training step", "value")];
+  return TRAINING.map(([title, keys]) => [title, keys.map(([key, name]) => ({ name, kind: "trend",
+    points: steps.filter((m) => key in m).map((m) => [m.step, m[key]]) }))])
+    .filter(([, series]) => series.some((s) => s.points.length))
+    .map(([title, series]) => chart(title, series, "training step", "value"));
 }
 
 // Each iteration's pool diversity and parse rate as faint dots, their rolling means as lines in
