@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -181,16 +182,14 @@ def resolve_backend(config: CampaignConfig) -> CampaignConfig:
     """`config` with backend "auto" made concrete: vllm where it is installed, else
     transformers, saying so in one line on stderr (the stored campaign keeps "auto")."""
     import importlib.util
-    import sys
 
     if config.backend != "auto":
         return config
     if importlib.util.find_spec("vllm") is not None:
         return dataclasses.replace(config, backend="vllm")
-    print(
+    logging.getLogger(__name__).warning(
         "vpo: vLLM is not installed, so generation uses the slower transformers backend "
-        "(make install installs vLLM)",
-        file=sys.stderr,
+        "(make install installs vLLM)"
     )
     return dataclasses.replace(config, backend="transformers")
 

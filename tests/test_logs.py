@@ -88,3 +88,29 @@ def test_a_crash_leaves_its_traceback_in_the_log_and_one_line_on_the_terminal(
     assert f"$ vpo train --db {database}" in text
     assert "Traceback (most recent call last)" in text
     assert 'raise RuntimeError("the trainer fell over")' in text
+
+
+def test_vpo_run_logs_beside_its_database_and_prints_each_progress_line_once(
+    tmp_path: Path, tiny_model: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "run.db"
+    run = [
+        "run", "circle_packing", "--db", str(db), "--model", tiny_model,
+        "--backend", "transformers", "--iterations", "2", "--concurrency", "1",
+        "-G", "2", "-m", "2", "--max-tokens", "16", "--workers", "2",
+    ]  # fmt: skip
+    assert main(run) == 0
+    out, err = capsys.readouterr()
+    progress = [line for line in out.splitlines() if line.startswith("iteration ")]
+    assert [line.split(" |")[0] for line in progress] == ["iteration 1/2", "iteration 2/2"]
+    assert "iteration " not in err
+    text = (tmp_path / "run.log").read_text()
+    assert f"$ vpo {' '.join(run)}" in text
+    assert f"campaign 'circle_packing' created in {db}" in text
+    for line in progress:
+        assert line in text
+    # Resumed, the same file goes on.
+    assert main([*run[:9], "3", *run[10:]]) == 0
+    capsys.readouterr()
+    again = (tmp_path / "run.log").read_text()
+    assert again.startswith(text) and "resumed from" in again and "iteration 3/3" in again

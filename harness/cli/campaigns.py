@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from harness import logs
 from harness.cli import render
 from harness.cli.flags import SETTING_FLAGS, add_campaign_flags, add_subcommands, positive_float
 from harness.cli.programs import program_problem
@@ -96,17 +97,18 @@ def _run_one(args: argparse.Namespace) -> int:
         program_problem(args.problem)
 
     config, problem, store, stored = effective_config(args)
+    logs.attach_file(store.where, args.log_dir)
     name = config.name or problem.name
-    print(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")
+    logs.say(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")
     with render.progress_reporter(config.iterations) as report:
-        campaign_id = run_campaign(config, store, problem, on_progress=report, say=print)
+        campaign_id = run_campaign(config, store, problem, on_progress=report, say=logs.say)
     summary = store.summary(campaign_id)
     render.print_best(problem, summary)
     if config.price_prompt is not None or config.price_completion is not None:
         from harness.campaign import stored_spend
 
-        print(stored_spend(store, campaign_id).line(config))
-    print(f"database: {store.where}")
+        logs.say(stored_spend(store, campaign_id).line(config))
+    logs.say(f"database: {store.where}")
     print(next_steps(args.db or store.where))
     return 0
 
@@ -137,18 +139,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
             "`vpo train --db ... --follow` beside them"
         )
     worker = args.worker_id or f"{socket.gethostname()}:{os.getpid()}"
-    print(f"worker {worker} on campaign {config.name or problem.name} of {store.where}")
+    logs.attach_file(store.where, args.log_dir)
+    logs.say(f"worker {worker} on campaign {config.name or problem.name} of {store.where}")
     done = run_worker(
         config,
         store,
         problem,
         worker,
         lease_seconds=args.lease,
-        on_progress=lambda iteration, progress: print(
-            f"[{worker}] iteration {iteration}/{config.iterations} done", flush=True
+        on_progress=lambda iteration, progress: logs.say(
+            f"[{worker}] iteration {iteration}/{config.iterations} done"
         ),
     )
-    print(f"worker {worker}: {done} iterations recorded")
+    logs.say(f"worker {worker}: {done} iterations recorded")
     return 0
 
 

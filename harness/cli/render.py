@@ -96,11 +96,14 @@ class progress_reporter:  # noqa: N801 - used as a context manager, reads like a
         return self.report
 
     def report(self, iteration: int, progress: Any) -> None:
+        from harness import logs
+
         line = progress.line(iteration, self.total)
         if self.bar is not None:
             self.bar.update(self.task, completed=iteration, description=line)
+            logs.progress(line)
         else:
-            print(line, flush=True)
+            logs.say(line)
 
     def __exit__(self, *exc_info: object) -> None:
         if self.bar is not None:
