@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from test_campaign import fast_settings
 
-from harness.campaign import run_campaign, stored_spend
+from harness.budgets import stored_spend
+from harness.campaign import run_campaign
 from harness.cli import main
 from harness.config import build
 from harness.errors import UserError

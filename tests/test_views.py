@@ -211,8 +211,7 @@ def test_a_record_above_the_best_known_shows_as_one(
     assert main(["status", "--db", db]) == 0
     status = capsys.readouterr().out
     assert (
-        f"1.200000 (record: +20.0% over best known; raw -, program {record}, iteration 0)"
-        in status
+        f"1.200000 (record: +20.0% over best known; raw -, program {record}, iteration 0)" in status
     )
     assert f"1.000000 (raw -, program {record}, iteration 0)" in status
     assert main(["db", "top", "--db", db, "--objective", "a", "-n", "1"]) == 0

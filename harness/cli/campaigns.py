@@ -105,7 +105,7 @@ def _run_one(args: argparse.Namespace) -> int:
     summary = store.summary(campaign_id)
     render.print_best(problem, summary)
     if config.price_prompt is not None or config.price_completion is not None:
-        from harness.campaign import stored_spend
+        from harness.budgets import stored_spend
 
         logs.say(stored_spend(store, campaign_id).line(config))
     logs.say(f"database: {store.where}")
