@@ -226,6 +226,10 @@ def base_generator(config: CampaignConfig) -> Generator:
             # Connections to the server: as many as the campaign keeps requests in flight.
             "concurrency": config.concurrency or DEFAULT_CONCURRENCY["openai"],
         }
+    elif config.backend == "vllm":
+        # The engine's own seed draws every request that names none: without the campaign's,
+        # two campaigns that differ only in `seed` sample the same completions.
+        options = {"seed": config.seed}
     return make_generator(config.backend, config.model, **options)
 
 
