@@ -19,8 +19,8 @@ steps included). Two iterations are in flight by default and a step follows ever
 groups, so every batch after the first is sampled by weights one step newer (vLLM's CPU default
 of 8 in flight would spend the budget in a batch or two). The defaults match `make demo`'s
 settings but for concurrency: temperature 1.0, 320 tokens, no drafts, LoRA at lr 1e-5, no KL
-term. On 2 CPU cores one seed of the three arms took 29 minutes (most of it the two LoRA steps
-of each trained run), so 3 x 3 takes about an hour and a half there.
+term. On 2 idle CPU cores the 3 x 3 runs took 31 minutes (2026-12-02; a trained run 3 to 5
+minutes, most of it its LoRA steps; an untrained one under 3).
 
 Measured per run, from its database: the best score per objective among valid programs as a
 function of the tokens generated before the program's group was stored (a running max; the
