@@ -243,10 +243,23 @@ def test_dashboard_in_chromium(
     _wait(driver, "the lineage", "return document.querySelectorAll('#lineage .node').length")
     driver.save_screenshot(str(ARTIFACTS / "dashboard-program.png"))
 
-    # A program with a parent: the diff and the lineage tree.
+    # A program with a parent: the diff and the lineage tree. Program 4's page is still shown
+    # until program 5's arrives: wait for program 5's own title, diff and lineage.
     driver.get(server + "#/program/5")
-    _wait(driver, "the lineage", "return document.querySelectorAll('#lineage .node').length")
-    assert "+    return 11" in driver.find_element("id", "program-diff").text
+    diff = _wait(
+        driver,
+        "program 5's diff",
+        "const t = document.getElementById('program-title'), d = "
+        "document.getElementById('program-diff'); return t && t.textContent === 'Program 5' && "
+        "d && d.textContent.includes('+++ program 5') && d.textContent",
+    )
+    assert "+    return 11" in diff
+    _wait(
+        driver,
+        "program 5's lineage",
+        "return [...document.querySelectorAll('#lineage .node text')]"
+        ".some(t => t.textContent.startsWith('5 ·'))",
+    )
     nodes = driver.execute_script(
         "return [...document.querySelectorAll('#lineage .node text')].map(t => t.textContent)"
     )
