@@ -108,7 +108,7 @@ def test_bad_budgets_and_prices_are_refused_in_one_line(
 
 
 def test_budgets_come_from_a_toml_section(tmp_path: Path) -> None:
-    from harness.config import load_toml
+    from harness.config_file import load_toml
 
     file = tmp_path / "campaign.toml"
     file.write_text(

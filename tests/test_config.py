@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import FLOAT_RANGES, CampaignConfig, build, load_toml
+from harness.config import FLOAT_RANGES, CampaignConfig, build
+from harness.config_file import load_toml
 from harness.errors import UserError
 
 
@@ -120,7 +121,7 @@ def test_toml_keys_and_sections_must_be_known_and_in_place(
 
 
 def test_every_setting_has_one_section_or_the_top(tmp_path: Path) -> None:
-    from harness.config import SECTIONS
+    from harness.config_file import SECTIONS
 
     top = {"problem", "name", "seed", "iterations", "token_budget", "strategy"}
     in_sections = [key for keys in SECTIONS.values() for key in keys]

@@ -11,7 +11,8 @@ import pytest
 from test_campaign import fast_settings
 
 from harness.campaign import run_campaign
-from harness.config import build, load_toml
+from harness.config import build
+from harness.config_file import load_toml
 from harness.errors import UserError
 from harness.store import Store
 from problems.circle_packing import CirclePacking

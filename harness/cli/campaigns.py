@@ -168,7 +168,8 @@ def effective_config(args: argparse.Namespace, *, create: bool = True) -> tuple[
 
     With `create` false nothing is written: the database is opened read-only, and the default
     one (runs/PROBLEM.db) only where it exists; store is then None when there is none."""
-    from harness.config import build, load_toml
+    from harness.config import build
+    from harness.config_file import load_toml
     from harness.store import Store
 
     flags = {key: getattr(args, key) for key in SETTING_FLAGS}

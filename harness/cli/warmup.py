@@ -63,7 +63,8 @@ def add_commands(commands: Any) -> None:
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     from harness.cli.programs import program_problem
-    from harness.config import build, load_toml
+    from harness.config import build
+    from harness.config_file import load_toml
     from harness.warmup import warm_up
 
     out = Path(args.out)
