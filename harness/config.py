@@ -31,6 +31,7 @@ ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
+GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 # Programs shown beside the parent, at most: small models have small contexts.
 MAX_DRAFTS = 4
 # Experiment trackers a campaign can report to (harness/trackers.py); "none" reports nowhere.
@@ -104,6 +105,8 @@ class TrainSettings:
     # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
     # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
     skip_zero_advantage: bool = True
+    # Activation checkpointing of the decoder layers: "auto" (on from 1B parameters), on, off.
+    gradient_checkpointing: str = "auto"
 
 
 # A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
@@ -224,6 +227,12 @@ class CampaignConfig:
     dirichlet_alpha: float = TrainSettings.dirichlet_alpha
     micro_batch: int = TrainSettings.micro_batch
     skip_zero_advantage: bool = TrainSettings.skip_zero_advantage
+    gradient_checkpointing: str = setting(
+        TrainSettings.gradient_checkpointing,
+        "recompute layer activations in the backward pass: auto (from 1B parameters), on or "
+        "off ({default})",
+        group=TRAINING,
+    )
     duplicate_reward: str = setting(
         TrainSettings.duplicate_reward,
         "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
@@ -307,6 +316,11 @@ class CampaignConfig:
         )
         _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         _require(
+            self.gradient_checkpointing in GRADIENT_CHECKPOINTING,
+            "gradient_checkpointing",
+            ", ".join(GRADIENT_CHECKPOINTING),
+        )
+        _require(
             all(name in TRACKERS for name in self.report_to),
             "report_to",
             f"a list of {', '.join(TRACKERS)}, or none (got {', '.join(self.report_to)})",
@@ -364,6 +378,7 @@ class CampaignConfig:
             seed=self.seed,
             duplicate_reward=self.duplicate_reward,
             skip_zero_advantage=self.skip_zero_advantage,
+            gradient_checkpointing=self.gradient_checkpointing,
         )
 
     @property

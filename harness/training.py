@@ -46,21 +46,35 @@ from harness.records import CampaignRecord, TrainingGroup
 if TYPE_CHECKING:
     from harness.llm import Generator
     from harness.store import Store
+    from trainer.distributed import Parallel
     from trainer.policy import Policy
     from trainer.train import Group, StepMetrics, TrainConfig
 
 
 def load_policy(
-    settings: TrainSettings, *, resume: str | None = None, device: str | None = None
+    settings: TrainSettings,
+    *,
+    resume: str | None = None,
+    device: str | None = None,
+    parallel: Parallel | None = None,
 ) -> tuple[Policy, TrainConfig]:
     """The policy to train and the config of its step: the version saved in folder `resume`,
     else `settings.model` afresh (with a frozen reference only when the KL term is on). A
     model that cannot be loaded is a UserError."""
+    from trainer.distributed import Parallel, ParallelError
     from trainer.loss import LossConfig
     from trainer.models import ModelError
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import TrainConfig
 
+    import torch
+
+    parallel = parallel or Parallel()
+    if parallel.active:
+        device = parallel.device
+    # A LoRA adapter's initial A matrices are random: the same on every process (FSDP shards
+    # each process's own copy) and in every run of the same seed.
+    torch.manual_seed(settings.seed)
     try:
         if resume is None:
             config = PolicyConfig(
@@ -68,12 +82,13 @@ def load_policy(
                 lora=settings.lora,
                 lora_rank=settings.lora_rank,
                 reference=settings.kl_beta > 0,
+                gradient_checkpointing=settings.gradient_checkpointing,
                 device=device,
             )
-            policy = Policy.load(settings.model, config)
+            policy = Policy.load(settings.model, config, parallel=parallel)
         else:
-            policy = Policy.resume(resume, device=device)
-    except ModelError as error:
+            policy = Policy.resume(resume, device=device, parallel=parallel)
+    except (ModelError, ParallelError) as error:
         raise UserError(str(error)) from None
     step = TrainConfig(
         advantage=settings.advantage,
@@ -96,7 +111,6 @@ def take_step(
     groups: Sequence[Group],
     *,
     seed: int,
-    accelerator: Any = None,
 ) -> StepMetrics:
     """One optimisation step on `groups`, its random draws (the Dirichlet weights) seeded by
     `seed`; groups the step cannot take are a UserError naming the step."""
@@ -107,7 +121,7 @@ def take_step(
     number = policy.step + 1
     rng = torch.Generator().manual_seed(seed)
     try:
-        return train_step(policy, groups, config, generator=rng, accelerator=accelerator)
+        return train_step(policy, groups, config, generator=rng)
     except ValueError as error:
         raise UserError(f"training step {number}: {error}") from None
 
@@ -151,12 +165,15 @@ def start_trainer(
     campaign_id: int,
     campaign_name: str,
     objectives: list[str],
+    parallel: Parallel | None = None,
 ) -> CampaignTrainer | None:
     """The policy of the campaign: its last recorded version, else `config.model` afresh."""
     if not config.train_every:
         return None
     latest = store.latest_policy(campaign_id)
-    policy, step = load_policy(config.training(), resume=None if latest is None else latest.path)
+    policy, step = load_policy(
+        config.training(), resume=None if latest is None else latest.path, parallel=parallel
+    )
     if latest is not None and policy.step != latest.step:
         raise UserError(
             f"policy version {latest.step} at {latest.path} holds step {policy.step}; "
@@ -257,31 +274,38 @@ def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Gener
 
 
 def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMetrics | None:
-    """One step when `every` unused groups are waiting; None otherwise."""
+    """One step when `every` unused groups are waiting; None otherwise. On several processes
+    (`vpo train --follow` under torchrun) the main one reads the groups and records the version;
+    each trains on its share."""
     store = trainer.store
-    if store.untrained_count(trainer.campaign_id) < trainer.every:
+    parallel = trainer.policy.parallel
+    stored = None
+    if parallel.main and store.untrained_count(trainer.campaign_id) >= trainer.every:
+        stored = store.untrained_groups(trainer.campaign_id, trainer.every)
+    stored = parallel.broadcast(stored)
+    if stored is None:
         return None
-    stored = store.untrained_groups(trainer.campaign_id, trainer.every)
     groups = [
         to_group(g, trainer.objectives, trainer.candidates, trainer.duplicate_reward)
         for g in stored
     ]
+    groups = [g for g in groups if g is not None][parallel.rank :: parallel.world]
     step = trainer.policy.step + 1
     # The Dirichlet draws of step s depend only on (seed, s): a resumed run redoes them exactly.
     seed = int.from_bytes(hashlib.sha256(f"{trainer.seed}:{step}".encode()).digest()[:8], "big")
-    metrics = take_step(
-        trainer.policy, trainer.config, [g for g in groups if g is not None], seed=seed >> 1
-    )
+    metrics = take_step(trainer.policy, trainer.config, groups, seed=seed >> 1)
     faults.point("train_step")  # the weights moved in memory, nothing saved
     folder = trainer.policy.save(trainer.folder / step_name(metrics.step))
     faults.point("train_saved")  # saved, not recorded
-    trainer.version_id = store.record_train_step(
-        trainer.campaign_id,
-        step=metrics.step,
-        path=str(folder),
-        metrics=metrics.as_dict(),
-        group_ids=[g.id for g in stored],
-    )
+    if parallel.main:
+        trainer.version_id = store.record_train_step(
+            trainer.campaign_id,
+            step=metrics.step,
+            path=str(folder),
+            metrics=metrics.as_dict(),
+            group_ids=[g.id for g in stored],
+        )
+    trainer.version_id = parallel.broadcast(trainer.version_id)
     if generator is None or metrics.trained or not generator.in_process:
         # A step that trained nothing left the weights as an in-process engine holds them: no
         # reload. (A server gets each version under its name, which workers look up.)
@@ -303,13 +327,20 @@ def follow(
     steps: int | None = None,
     poll: float = 2.0,
     say: Callable[[str], None] = print,
+    parallel: Parallel | None = None,
 ) -> int:
     """Train beside a campaign's workers (`vpo train --follow`): a step whenever `train_every`
     new groups wait, each version published for the workers, until the campaign's budget is
     recorded and used (or after `steps` steps); returns the steps taken.
 
     The settings are the campaign's under `overrides` (None: unset); `train_every` is the
-    override's, else the campaign's, else FOLLOW_EVERY. The follower never samples."""
+    override's, else the campaign's, else FOLLOW_EVERY. The follower never samples. Under
+    torchrun every process runs this: the main one watches the database and speaks."""
+    from trainer.distributed import Parallel
+
+    parallel = parallel or Parallel()
+    if not parallel.main:
+        say = _silent
     stored = build(campaign.config, where="the campaign's settings")
     every = overrides.get("train_every") or stored.train_every or FOLLOW_EVERY
     changes = {**overrides, "train_every": every, "backend": "transformers"}
@@ -321,7 +352,7 @@ def follow(
             "policy versions only as LoRA adapters: give --lora"
         )
     trainer = start_trainer(
-        config, store, campaign.id, campaign.name, store.objectives(campaign.id)
+        config, store, campaign.id, campaign.name, store.objectives(campaign.id), parallel
     )
     assert trainer is not None
     # Workers elsewhere read the recorded paths: make them absolute.
@@ -341,11 +372,16 @@ def follow(
             say(metrics.line())
             continue
         done = store.iterations_done(campaign.id) >= config.iterations
-        if done and store.open_claims(campaign.id) == 0:
-            break  # every group is in; fewer than `every` are left unused
+        # Every group is in; fewer than `every` are left unused.
+        if parallel.broadcast(done and store.open_claims(campaign.id) == 0):
+            break
         time.sleep(poll)
     say(f"{taken} steps; the last policy version is step {trainer.policy.step}")
     return taken
+
+
+def _silent(_: str) -> None:
+    pass
 
 
 def train_offline(
@@ -354,13 +390,13 @@ def train_offline(
     candidates: int,
     settings: OfflineSettings,
     on_step: Callable[[StepMetrics], None] | None = None,
+    parallel: Parallel | None = None,
 ) -> list[StepMetrics]:
     """Fine-tune `settings.training.model` on the campaign's groups (all of them, in iteration
     order, cycling when `steps` asks for more) and write a model folder any backend loads."""
     import json
 
-    import torch
-    from accelerate import Accelerator
+    from trainer.distributed import Parallel
 
     objectives = store.objectives(campaign_id)
     groups = [
@@ -376,37 +412,35 @@ def train_offline(
     per_step = max(1, settings.groups_per_step)
     batches = [groups[i : i + per_step] for i in range(0, len(groups), per_step)]
     steps = settings.steps if settings.steps is not None else len(batches)
-    refuse_sharding()
-    # One process unless started by `accelerate launch`; then each takes a share of each batch.
-    # Without a GPU, accelerate only joins the processes up when told it runs on CPU.
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    rank, processes = accelerator.process_index, accelerator.num_processes
+    parallel = parallel or Parallel()
+    rank, processes = parallel.rank, parallel.world
     training = settings.training
-    policy, config = load_policy(training, device=str(accelerator.device))
+    policy, config = load_policy(training, parallel=parallel)
     history = []
     for index in range(steps):
+        # Each process takes its share of each batch; the wrapper sums the gradients.
         share = batches[index % len(batches)][rank::processes]
         seed = training.seed * 1_000_003 + index
-        metrics = take_step(policy, config, share, seed=seed, accelerator=accelerator)
+        metrics = take_step(policy, config, share, seed=seed)
         history.append(metrics)
-        if on_step is not None and accelerator.is_main_process:
+        if on_step is not None and parallel.main:
             on_step(metrics)
-    if not accelerator.is_main_process:
-        accelerator.wait_for_everyone()
-        return history
-    out = policy.save_merged(settings.out)
-    report = {
-        "campaign_id": campaign_id,
-        "database": store.where,
-        "base_model": training.model,
-        "objectives": objectives,
-        "groups": len(groups),
-        "processes": processes,
-        "settings": settings_json(settings),
-        "steps": [m.as_dict() for m in history],
-    }
-    (out / "vpo-train.json").write_text(json.dumps(report, indent=2) + "\n")
-    accelerator.wait_for_everyone()
+    out = policy.save_merged(settings.out)  # every process gives its shards; the main writes
+    if parallel.main:
+        report = {
+            "campaign_id": campaign_id,
+            "database": store.where,
+            "base_model": training.model,
+            "objectives": objectives,
+            "groups": len(groups),
+            "processes": processes,
+            "sharding": parallel.sharding,
+            "gradient_checkpointing": policy.checkpointing,
+            "settings": settings_json(settings),
+            "steps": [m.as_dict() for m in history],
+        }
+        (out / "vpo-train.json").write_text(json.dumps(report, indent=2) + "\n")
+    parallel.barrier()
     return history
 
 
@@ -416,24 +450,6 @@ def settings_json(settings: Any) -> dict[str, Any]:
     flat = {k: v for k, v in asdict(settings).items() if k != "training"}
     flat |= asdict(settings.training)
     return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}
-
-
-def refuse_sharding() -> None:
-    """`accelerate launch` with an FSDP or DeepSpeed config (or flag) tells its processes so in
-    the environment; our step sums the gradients by hand over whole copies, and a sharded model
-    would need its own save, reference model and LoRA handling, which are not built yet."""
-    import os
-
-    for name, variable in (
-        ("FSDP", "ACCELERATE_USE_FSDP"),
-        ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"),
-    ):
-        if os.environ.get(variable, "false").lower() == "true":  # as accelerate reads them
-            raise UserError(
-                f"accelerate's config asks for {name}, which vpo train does not support yet "
-                "(every process holds the whole model); use a multi-GPU data parallel config "
-                "(`accelerate launch --multi_gpu ...`)"
-            )
 
 
 def to_group(

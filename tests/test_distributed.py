@@ -56,7 +56,7 @@ def harvested(db: Path, tokenizer_folder: str) -> None:
     store.close()
 
 
-def train(launcher: list[str], db: Path, model: str, out: Path) -> dict:
+def train(launcher: list[str], db: Path, model: str, out: Path, *extra: str) -> dict:
     command = [
         *launcher,
         "--db",
@@ -75,6 +75,7 @@ def train(launcher: list[str], db: Path, model: str, out: Path) -> dict:
         "1e-2",
         "--kl-beta",
         "0",
+        *extra,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
@@ -82,34 +83,24 @@ def train(launcher: list[str], db: Path, model: str, out: Path) -> dict:
     return json.loads((out / "vpo-train.json").read_text())
 
 
-@pytest.mark.slow
-def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path) -> None:
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+ONE = [sys.executable, "-m", "harness.cli", "train"]
+
+
+def update(start: torch.nn.Module, model: torch.nn.Module) -> torch.Tensor:
+    with torch.no_grad():
+        pairs = zip(start.state_dict().values(), model.state_dict().values(), strict=True)
+        return torch.cat([(b - a).flatten() for a, b in pairs])
+
+
+def assert_same_update(tiny_model: str, one: Path, two: Path) -> None:
+    """Adam divides each gradient by its own size, so components that are zero up to rounding
+    move by up to lr either way: compare the whole update, not each weight."""
     from transformers import AutoModelForCausalLM
 
-    db = tmp_path / "harvest.db"
-    harvested(db, tiny_model)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    one = train([sys.executable, "-m", "harness.cli", "train"], db, tiny_model, tmp_path / "one")
-    # `-m harness.cli.train` is `vpo train`, the form `accelerate launch` and torchrun use.
-    two = train([*torchrun, "-m", "harness.cli.train"], db, tiny_model, tmp_path / "two")
-    assert one["processes"] == 1 and two["processes"] == 2
-    assert all(step["zero_std_fraction"] < 1 for step in one["steps"])  # real advantages
-    # Each process trained on half of each batch's tokens.
-    assert [s["tokens"] for s in two["steps"]] != [s["tokens"] for s in one["steps"]]
-
     start = AutoModelForCausalLM.from_pretrained(tiny_model)
-    single = AutoModelForCausalLM.from_pretrained(tmp_path / "one")
-    double = AutoModelForCausalLM.from_pretrained(tmp_path / "two")
-
-    # Adam divides each gradient by its own size, so components that are zero up to rounding
-    # move by up to lr either way: compare the whole update, not each weight.
-    @torch.no_grad()
-    def update(model: torch.nn.Module) -> torch.Tensor:
-        return torch.cat(
-            [(b - a).flatten() for a, b in zip(start.parameters(), model.parameters(), strict=True)]
-        )
-
-    one_step, two_steps = update(single), update(double)
+    one_step = update(start, AutoModelForCausalLM.from_pretrained(one))
+    two_steps = update(start, AutoModelForCausalLM.from_pretrained(two))
     assert one_step.norm() > 0
     cosine = torch.nn.functional.cosine_similarity(one_step, two_steps, dim=0)
     assert cosine > 0.99
@@ -117,29 +108,71 @@ def test_two_processes_take_the_same_step_as_one(tiny_model: str, tmp_path: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sharding", ["FSDP", "DeepSpeed"])
-def test_a_sharded_accelerate_config_is_refused_in_one_line(
-    sharding: str, tiny_model: str, tmp_path: Path
+@pytest.mark.parametrize(
+    "training", [("fsdp", "full"), ("fsdp", "lora"), ("ddp", "full"), ("ddp", "lora")], ids="-".join
+)
+def test_two_processes_take_the_same_step_as_one(
+    training: tuple[str, str], tiny_model: str, tmp_path: Path
 ) -> None:
-    """FSDP and DeepSpeed would shard what the step treats as whole copies: refused in one line
-    by every process, not run silently unsharded."""
+    """Two processes, each with half of every batch, sharded by FSDP2 (or whole copies under
+    DDP), end where one process with all of it ends.
+
+    FSDP's mixed precision keeps the residual stream in bf16 where the CPU has it, autocast in
+    fp32; a LoRA adapter's first Adam steps move each entry by about lr whatever its gradient's
+    size, which makes the merged update sensitive to that rounding (cosine 0.98 against the
+    autocast run). So the sharded LoRA run is compared with FSDP on one process (a real wrap,
+    the same numerics): what is checked is that splitting the work changes nothing."""
+    sharding, weights = training
+    db = tmp_path / "harvest.db"
+    harvested(db, tiny_model)
+    lora = ["--lora", "--lora-rank", "4"] if weights == "lora" else []
+    alone = ["--sharding", "fsdp"] if training == ("fsdp", "lora") else []
+    one = train(ONE, db, tiny_model, tmp_path / "one", *lora, *alone)
+    # `-m harness.cli.train` is `vpo train`, the form `accelerate launch` and torchrun use.
+    two = train(
+        [*TORCHRUN, "-m", "harness.cli.train"],
+        db,
+        tiny_model,
+        tmp_path / "two",
+        "--sharding",
+        sharding,
+        *lora,
+    )
+    assert (one["processes"], one["sharding"]) == (1, "fsdp" if alone else "none")
+    assert (two["processes"], two["sharding"]) == (2, sharding)
+    assert all(step["zero_std_fraction"] < 1 for step in one["steps"])  # real advantages
+    # Each process trained on half of each batch's tokens.
+    assert [s["tokens"] for s in two["steps"]] != [s["tokens"] for s in one["steps"]]
+    assert_same_update(tiny_model, tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_accelerate_launch_with_fsdp_shards(tiny_model: str, tmp_path: Path) -> None:
+    """`accelerate launch --use_fsdp` starts processes that shard with FSDP2 (it used to be
+    refused); the step is the one-process step."""
+    db = tmp_path / "harvest.db"
+    harvested(db, tiny_model)
+    one = train(ONE, db, tiny_model, tmp_path / "one")
+    launch = [
+        sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--use_fsdp", "-m", "harness.cli.train",
+    ]  # fmt: skip
+    two = train(launch, db, tiny_model, tmp_path / "two")
+    assert one["sharding"] == "none" and (two["processes"], two["sharding"]) == (2, "fsdp")
+    assert_same_update(tiny_model, tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_deepspeed_is_refused_in_one_line(tiny_model: str, tmp_path: Path) -> None:
+    """DeepSpeed's launcher wants the package installed (it is not here); what it tells the
+    processes it starts is this variable."""
     db = tmp_path / "harvest.db"
     harvested(db, tiny_model)
     out = str(tmp_path / "x")
-    train = ["-m", "harness.cli.train", "--db", str(db), "--out", out, "--model", tiny_model]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if sharding == "FSDP":
-        command = [
-            sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-            "--use_fsdp", *train,
-        ]  # fmt: skip
-    else:
-        # DeepSpeed's launcher wants the package installed (it is not here); what it tells the
-        # processes it starts is this variable.
-        command, env["ACCELERATE_USE_DEEPSPEED"] = [sys.executable, *train], "true"
+    command = [sys.executable, "-m", "harness.cli.train", "--db", str(db), "--out", out]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_DEEPSPEED": "true"}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode != 0
-    refusal = f"vpo: error: accelerate's config asks for {sharding}, which vpo train does not"
-    assert done.stderr.count(refusal) == (2 if sharding == "FSDP" else 1), done.stderr[-3000:]
+    assert done.stderr.count("vpo: error: accelerate's config asks for DeepSpeed") == 1
     assert "internal error" not in done.stderr

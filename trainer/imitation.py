@@ -62,8 +62,7 @@ def imitation_step(
     total = sum(len(completion) for _, completion, _ in rows)
     if total == 0:
         raise ValueError("the rollouts have no completion tokens to learn from")
-    model = policy.model
-    model.train()
+    policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     nll = 0.0
     for start in range(0, len(rows), micro_batch):
@@ -71,7 +70,7 @@ def imitation_step(
             rows[start : start + micro_batch], policy.tokenizer.pad_token_id or 0, policy.device
         )
         with policy.autocast():
-            logprobs, _ = token_logprobs(model, batch, 1.0, 1.0, logit_chunk)
+            logprobs, _ = token_logprobs(policy.scorer, batch, 1.0, 1.0, logit_chunk)
         loss = -(logprobs * batch["completion_mask"]).sum() / total
         loss.backward()
         nll += float(loss.detach())

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 # Row = (prompt ids, completion ids, the sampler's log-probs of the completion or None).
@@ -30,6 +30,53 @@ Row = tuple[list[int], list[int], list[float] | None]
 # The nucleus is looked for among this many top tokens first (as the transformers sampler does);
 # only positions whose top tokens hold less than top_p are sorted in full.
 NUCLEUS_SEARCH = 1024
+
+
+class TokenLogprobs(nn.Module):
+    """A causal LM as one module whose forward returns the per-token log-probs of the
+    completions (and the nucleus log-mass): the decoder and the chunked vocabulary projection
+    run inside one forward, so DDP and FSDP see every parameter used and reduce its gradient.
+
+    Only integer tensors go in (FSDP's mixed precision casts floating inputs)."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+        _backbone_and_head(model)  # a model without a decoder and head is refused here
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        predict_positions: Tensor,
+        completion_ids: Tensor,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        logit_chunk: int = 2048,
+    ) -> tuple[Tensor, Tensor | None]:
+        """(N, C) log pi(a | s) at temperature T, and, when top_p < 1, (N, C) log Z(s), the mass
+        of each position's top-p nucleus (no gradient); None when top_p is 1."""
+        backbone, head = _backbone_and_head(self.model)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        # The state at position p predicts token p + 1: gather the ones that predict completions.
+        index = predict_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
+        states = hidden.gather(1, index).reshape(-1, hidden.shape[-1])  # (N * C, H)
+        flat_targets = completion_ids.reshape(-1)
+        pieces = []
+        chunked = states.shape[0] > logit_chunk
+        for start in range(0, states.shape[0], logit_chunk):
+            chunk = slice(start, start + logit_chunk)
+            arguments = (head, states[chunk], flat_targets[chunk], temperature, top_p)
+            # Recomputing a chunk in the backward pass frees its logits meanwhile; with one
+            # chunk there is nothing to free and the recomputation would be wasted.
+            if chunked and torch.is_grad_enabled():
+                pieces.append(checkpoint(_chunk_logprobs, *arguments, use_reentrant=False))
+            else:
+                pieces.append(_chunk_logprobs(*arguments))
+        both = torch.cat(pieces, dim=1).float()  # (2, N * C)
+        values = both[0].reshape(completion_ids.shape)
+        mass = both[1].detach().reshape(completion_ids.shape) if top_p < 1.0 else None
+        return values, mass
 
 
 def completion_logprobs(
@@ -46,32 +93,22 @@ def token_logprobs(
     top_p: float,
     logit_chunk: int = 2048,
 ) -> tuple[Tensor, Tensor | None]:
-    """(N, C) log pi(a | s) at temperature T, and, when top_p < 1, (N, C) log Z(s), the mass of
-    each position's top-p nucleus (no gradient); None when top_p is 1."""
-    backbone, head = _backbone_and_head(model)
-    hidden = backbone(
-        input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-    ).last_hidden_state
-    # The state at position p predicts token p + 1: gather the ones that predict completions.
-    index = batch["predict_positions"].unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-    states = hidden.gather(1, index).reshape(-1, hidden.shape[-1])  # (N * C, H)
-    targets = batch["completion_ids"]
-    flat_targets = targets.reshape(-1)
-    pieces = []
-    chunked = states.shape[0] > logit_chunk
-    for start in range(0, states.shape[0], logit_chunk):
-        chunk = slice(start, start + logit_chunk)
-        arguments = (head, states[chunk], flat_targets[chunk], temperature, top_p)
-        # Recomputing a chunk in the backward pass frees its logits meanwhile; with one chunk
-        # there is nothing to free and the recomputation would be wasted.
-        if chunked and torch.is_grad_enabled():
-            pieces.append(checkpoint(_chunk_logprobs, *arguments, use_reentrant=False))
-        else:
-            pieces.append(_chunk_logprobs(*arguments))
-    both = torch.cat(pieces, dim=1).float()  # (2, N * C)
-    values = both[0].reshape(targets.shape)
-    mass = both[1].detach().reshape(targets.shape) if top_p < 1.0 else None
-    return values, mass
+    """TokenLogprobs' forward on a token batch; `model` is a causal LM (through a peft wrapper
+    if there is one) or a TokenLogprobs module, wrapped by DDP or FSDP or not."""
+    module = model if _is_scorer(model) else TokenLogprobs(model)
+    return module(
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch["predict_positions"],
+        batch["completion_ids"],
+        temperature,
+        top_p,
+        logit_chunk,
+    )
+
+
+def _is_scorer(model: Any) -> bool:
+    return isinstance(getattr(model, "module", model), TokenLogprobs)
 
 
 def _chunk_logprobs(

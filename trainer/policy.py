@@ -13,6 +13,13 @@ the adapter switched off, so no second copy is kept.
 A checkpoint folder holds what `from_pretrained` reads (full weights as safetensors, or the
 adapter), the tokenizer, `optimizer.pt` and `policy.json` (step, base model, LoRA settings).
 It is written to a temporary folder and renamed into place: a kill never leaves half of one.
+
+Under several processes (trainer/distributed.py) the policy is wrapped where it is built: the
+optimiser then holds each process's shard. A sharded version is saved with
+`torch.distributed.checkpoint` into `sharded/` (every process writes its own shards of the
+weights and optimiser moments; nothing is gathered), beside the consolidated Hugging Face
+weights (gathered to the main process's memory and written by it) that vLLM and `--model` load.
+`resume` restores the optimiser from `sharded/` whatever the number of processes now.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.distributed import Parallel, decoder_layers
+from trainer.logprobs import TokenLogprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
 
 if TYPE_CHECKING:
@@ -37,6 +46,12 @@ if TYPE_CHECKING:
 
 STATE_FILE = "policy.json"
 OPTIMIZER_FILE = "optimizer.pt"
+SHARDED_FOLDER = "sharded"  # torch.distributed.checkpoint: weights and optimiser, by shard
+GRADIENT_CHECKPOINTING = ("auto", "on", "off")
+# "auto" turns activation checkpointing on from this many parameters: below it the activations
+# of a micro-batch are small next to weights and optimiser state, and recomputing them costs a
+# third more time (benchmarks/results/train_memory_sharded.md).
+CHECKPOINTING_FROM = 1_000_000_000
 # Every linear layer of a Llama-style block; peft's "all-linear" picks the same on most models.
 LORA_TARGETS = "all-linear"
 
@@ -52,6 +67,9 @@ class PolicyConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     reference: bool = True  # keep a frozen reference for the KL term
+    # Recompute each decoder layer's activations in the backward pass instead of keeping them:
+    # "auto" from CHECKPOINTING_FROM parameters.
+    gradient_checkpointing: str = "auto"
     device: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -62,6 +80,11 @@ class PolicyConfig:
             raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
+        if self.gradient_checkpointing not in GRADIENT_CHECKPOINTING:
+            raise ValueError(
+                f"gradient_checkpointing must be one of {', '.join(GRADIENT_CHECKPOINTING)}, "
+                f"got {self.gradient_checkpointing!r}"
+            )
 
 
 class Policy:
@@ -76,15 +99,37 @@ class Policy:
         base: str,
         reference: PreTrainedModel | None = None,
         step: int = 0,
+        parallel: Parallel = Parallel(),
     ) -> None:
-        self.model = model
+        self.model = model  # the transformers (or peft) model; its parameters may be shards
         self.tokenizer = tokenizer
         self.config = config
         self.base = base  # what the weights started from: a name, folder or hub id
-        self._reference = reference
         self.step = step
-        self.device = next(model.parameters()).device
+        self.parallel = parallel
+        self.device = (
+            torch.device(parallel.device) if parallel.active else next(model.parameters()).device
+        )
         self.autocast_dtype = preferred_dtype(self.device.type)
+        self.parameters = sum(p.numel() for p in model.parameters())
+        self.checkpointing = config.gradient_checkpointing == "on" or (
+            config.gradient_checkpointing == "auto" and self.parameters >= CHECKPOINTING_FROM
+        )
+        if self.checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        sharded = parallel.sharding == "fsdp"
+        # The per-token log-probs as one module, owned by the data-parallel wrapper (FSDP2 or
+        # DDP), which reduces the gradients.
+        self.scorer = parallel.wrap(
+            TokenLogprobs(model), decoder_layers(model) if sharded else [], self.autocast_dtype
+        )
+        self._reference = None
+        if reference is not None:
+            self._reference = parallel.wrap(
+                TokenLogprobs(reference),
+                decoder_layers(reference) if sharded else [],
+                self.autocast_dtype,
+            )
         trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
@@ -97,8 +142,10 @@ class Policy:
         config: PolicyConfig = PolicyConfig(),
         *,
         cache_dir: str | os.PathLike[str] | None = None,
+        parallel: Parallel = Parallel(),
     ) -> Policy:
-        """Start from `name`: the embedded model, a Hugging Face folder or hub id, a GGUF file."""
+        """Start from `name`: the embedded model, a Hugging Face folder or hub id, a GGUF file;
+        wrapped for `parallel`'s processes."""
         tokenizer = load_tokenizer(name, cache_dir)
         # Master weights in fp32 whatever the hardware: bf16 only inside autocast.
         model = load_model(name, dtype=torch.float32, device=config.device, cache_dir=cache_dir)
@@ -108,7 +155,7 @@ class Policy:
         elif config.reference:
             reference = _frozen_copy(model)
         model.train()
-        return cls(model, tokenizer, config, base=name, reference=reference)
+        return cls(model, tokenizer, config, base=name, reference=reference, parallel=parallel)
 
     @classmethod
     def resume(
@@ -117,14 +164,18 @@ class Policy:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         device: str | None = None,
+        parallel: Parallel = Parallel(),
     ) -> Policy:
-        """A policy saved by `save`, with its optimiser state and step counter."""
+        """A policy saved by `save`, with its optimiser state and step counter, wrapped for
+        `parallel`'s processes (a sharded save resumes on any number of them)."""
         folder = Path(folder)
         try:
             state = json.loads((folder / STATE_FILE).read_text())
         except (OSError, ValueError) as error:
             raise ModelError(f"{folder} is not a saved policy: {error}") from error
         config = PolicyConfig(**{**state["config"], "betas": tuple(state["config"]["betas"])})
+        if parallel.active:
+            device = parallel.device
         if device is not None:
             config = PolicyConfig(**{**asdict(config), "device": device})
         # An adapter folder is not a model folder: the tokenizer is the base model's.
@@ -156,10 +207,23 @@ class Policy:
             )
         model.train()
         policy = cls(
-            model, tokenizer, config, base=state["base"], reference=reference, step=state["step"]
+            model,
+            tokenizer,
+            config,
+            base=state["base"],
+            reference=reference,
+            step=state["step"],
+            parallel=parallel,
         )
         optimizer_state = folder / OPTIMIZER_FILE
-        if optimizer_state.exists():
+        if (folder / SHARDED_FOLDER).exists():
+            policy._load_sharded(folder / SHARDED_FOLDER)
+        elif optimizer_state.exists() and parallel.sharding == "fsdp":
+            raise ModelError(
+                f"{folder} was saved by one process (optimizer.pt): resume it unsharded "
+                "(--sharding ddp or one process), or start afresh"
+            )
+        elif optimizer_state.exists():
             policy.optimizer.load_state_dict(
                 torch.load(optimizer_state, map_location=policy.device, weights_only=True)
             )
@@ -168,17 +232,19 @@ class Policy:
     # -- forward passes --------------------------------------------------------------------
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """bf16 autocast where the hardware runs bf16 natively; nothing otherwise."""
-        if self.autocast_dtype == torch.float32:
+        """bf16 autocast where the hardware runs bf16 natively; nothing otherwise, and nothing
+        under FSDP, whose mixed precision casts the weights itself."""
+        if self.autocast_dtype == torch.float32 or self.parallel.sharding == "fsdp":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     @contextlib.contextmanager
-    def reference_model(self) -> Iterator[PreTrainedModel | None]:
-        """The frozen reference to compute KL against, or None when there is none."""
+    def reference_scorer(self) -> Iterator[torch.nn.Module | None]:
+        """The frozen reference's TokenLogprobs to compute KL against, or None when there is
+        none (with LoRA: the policy's own, its adapter switched off)."""
         if self.config.lora and self.config.reference:
             with self.model.disable_adapter():
-                yield self.model
+                yield self.scorer
         else:
             yield self._reference
 
@@ -192,43 +258,135 @@ class Policy:
     # -- checkpoints -----------------------------------------------------------------------
 
     def save(self, folder: str | os.PathLike[str], *, optimizer: bool = True) -> Path:
-        """Weights (or adapter), tokenizer, optimiser state and step into `folder`, atomically."""
-        with _atomic_folder(folder) as staging:
-            self.model.save_pretrained(staging, safe_serialization=True)
-            self.tokenizer.save_pretrained(staging)
-            if optimizer:
-                torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
-            config = asdict(self.config)
-            config["device"] = None
-            state = {"step": self.step, "base": self.base, "config": config}
-            (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        """Weights (or adapter), tokenizer, optimiser state and step into `folder`, atomically.
+        Every process calls it; sharded, each writes its shards and the main process the
+        consolidated weights."""
+        sharded = self.parallel.sharding == "fsdp"
+        with _atomic_folder(folder, self.parallel) as staging:
+            if sharded:
+                self._save_sharded(staging / SHARDED_FOLDER, optimizer)
+            weights = self._full_state_dict() if sharded else None
+            if self.parallel.main:
+                self.model.save_pretrained(staging, state_dict=weights, safe_serialization=True)
+                self.tokenizer.save_pretrained(staging)
+                if optimizer and not sharded:
+                    torch.save(self.optimizer.state_dict(), staging / OPTIMIZER_FILE)
+                config = asdict(self.config)
+                config["device"] = None
+                state = {"step": self.step, "base": self.base, "config": config}
+                state["sharded"] = sharded
+                (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         return Path(folder)
 
     def save_merged(self, folder: str | os.PathLike[str]) -> Path:
         """A plain Hugging Face model folder any backend loads (`vpo run --model DIR`): the
-        full weights, with a LoRA adapter merged in."""
-        with _atomic_folder(folder) as staging:
-            model = self.model
-            if self.config.lora:
-                model = copy.deepcopy(self.model).merge_and_unload()
-            model.save_pretrained(staging, safe_serialization=True)
-            self.tokenizer.save_pretrained(staging)
+        full weights, with a LoRA adapter merged in. Every process calls it; the main writes."""
+        sharded = self.parallel.sharding == "fsdp"
+        weights = self._full_state_dict() if sharded else None
+        with _atomic_folder(folder, self.parallel) as staging:
+            if self.parallel.main:
+                model = self.model
+                if sharded:  # a whole copy on the main process, from the gathered weights
+                    model = self._unsharded_copy(weights)
+                elif self.config.lora:
+                    model = copy.deepcopy(self.model)
+                if self.config.lora:
+                    model = model.merge_and_unload()
+                model.save_pretrained(staging, safe_serialization=True)
+                self.tokenizer.save_pretrained(staging)
         return Path(folder)
+
+    def _full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's whole state gathered into the main process's memory (empty elsewhere),
+        under the model's own names."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        gathered = get_model_state_dict(self.scorer, options=options)
+        return {_own_name(key): value for key, value in gathered.items()}
+
+    def _unsharded_copy(self, weights: dict[str, torch.Tensor]) -> PreTrainedModel:
+        model = load_model(self.base, dtype=torch.float32, device="cpu")
+        if self.config.lora:
+            model = _with_lora(model, self.config)
+        result = model.load_state_dict(weights, strict=False)
+        missing = [k for k in result.missing_keys if k not in _tied_names(model)]
+        if missing or result.unexpected_keys:
+            raise RuntimeError(
+                f"the gathered weights do not fit {self.base}: missing {missing[:3]}, "
+                f"unexpected {result.unexpected_keys[:3]}"
+            )
+        return model
+
+    def _save_sharded(self, folder: Path, optimizer: bool) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        weights, moments = get_state_dict(self.scorer, self.optimizer)
+        state = {"model": weights, "optimizer": moments} if optimizer else {"model": weights}
+        dcp.save(state, checkpoint_id=str(folder))
+
+    def _load_sharded(self, folder: Path) -> None:
+        """Weights and optimiser state from a torch.distributed.checkpoint folder, resharded
+        onto this run's processes."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        weights, moments = get_state_dict(self.scorer, self.optimizer)
+        state = {"model": weights, "optimizer": moments}
+        try:
+            dcp.load(state, checkpoint_id=str(folder))
+        except Exception as error:  # a checkpoint without optimiser state: the weights only
+            if "optimizer" not in str(error):
+                raise ModelError(f"{folder} cannot be loaded: {error}") from error
+            state = {"model": weights}
+            dcp.load(state, checkpoint_id=str(folder))
+        set_state_dict(
+            self.scorer,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state.get("optimizer", {}),
+        )
+
+
+def _tied_names(model: Any) -> set[str]:
+    """State keys that share their tensor with an earlier key (tied embeddings)."""
+    seen: set[int] = set()
+    tied = set()
+    for key, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            tied.add(key)
+        seen.add(id(value))
+    return tied
+
+
+def _own_name(key: str) -> str:
+    """A TokenLogprobs state key as the transformers model names it ("model.x" -> "x")."""
+    return key.removeprefix("model.")
 
 
 @contextlib.contextmanager
-def _atomic_folder(folder: str | os.PathLike[str]) -> Iterator[Path]:
-    """A staging folder beside `folder` that replaces it when the block ends without error."""
+def _atomic_folder(folder: str | os.PathLike[str], parallel: Parallel = Parallel()) -> Iterator[Path]:
+    """A staging folder beside `folder` that replaces it when the block ends without error.
+    Every process gets the same staging folder (a file system they share); the main process
+    renames it once all are done."""
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = None
+    if parallel.main:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    staging = Path(parallel.broadcast(str(staging)))
     try:
         yield staging
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staging, folder)
+        parallel.barrier()
+        if parallel.main:
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(staging, folder)
+        parallel.barrier()
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if parallel.main:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
 
 

@@ -14,8 +14,9 @@ clip acts on it. Where a rollout has none, they are recomputed by the current we
 and the step's `sampler_fraction` says how many had them.
 
 This module knows nothing of the harness or the database: groups come in as token lists and
-score arrays. It runs the same under `accelerate launch` on several devices (started through
-`python -m harness.cli.train`).
+score arrays. On several processes (`torchrun` or `accelerate launch` starting
+`python -m harness.cli.train`) the policy is wrapped by FSDP2 or DDP (trainer/distributed.py),
+which reduces the gradients.
 """
 
 from __future__ import annotations
@@ -224,17 +225,17 @@ def train_step(
     config: TrainConfig = TrainConfig(),
     *,
     generator: torch.Generator | None = None,
-    accelerator: Any = None,
 ) -> StepMetrics:
     """One optimiser step of `policy` on `groups`; returns what it measured.
 
-    Under `accelerate launch` pass the `Accelerator` and give each process its own share of
-    the groups: the token count and the gradients are summed over the processes before the
-    step, so every process takes the same step as one process with all the groups would
-    (data parallel; the metrics are this process's). The model is not wrapped in DDP: the
-    loss runs the decoder and the vocabulary projection separately, which DDP cannot follow.
+    On several processes (`policy.parallel`) each passes its own share of the groups: the
+    token count is summed over them and the wrapper (DDP or FSDP) reduces the gradients, so
+    every process takes the step one process with all the groups would (the metrics are this
+    process's). Every process runs as many micro-batches as the busiest one, a process with
+    fewer running an empty one of weight 0, since each backward pass is a collective.
     """
-    if not groups and getattr(accelerator, "num_processes", 1) == 1:
+    parallel = policy.parallel
+    if not groups and not parallel.active:
         raise ValueError("a training step needs at least one group")
     started = time.perf_counter()
     advantages = compute_advantages(groups, config, generator)
@@ -251,37 +252,34 @@ def train_step(
                 "completion token (or were sampled greedily)"
             )
     local_tokens = sum(len(completion) for _, completion, _ in rows)
-    processes = getattr(accelerator, "num_processes", 1)
-    total_tokens = local_tokens
-    if processes > 1:
-        total_tokens = int(
-            accelerator.reduce(torch.tensor(local_tokens, device=policy.device), "sum")
-        )
+    total_tokens = int(parallel.sum(local_tokens))
     if total_tokens == 0:
         raise ValueError("the rollouts have no completion tokens to train on")
 
-    model = policy.model
-    model.train()
+    policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     # Longest first and similar lengths together: less padding in each micro-batch.
     order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
     if config.skip_zero_advantage:
         order = [i for i in order if advantages.per_rollout[i] != 0]
+    passes = int(parallel.max(math.ceil(len(order) / config.micro_batch)))
+    pad = policy.tokenizer.pad_token_id or 0
     sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
     gap, gap_tokens = 0.0, 0
-    for start in range(0, len(order), config.micro_batch):
-        chosen = order[start : start + config.micro_batch]
-        batch = token_batch(
-            [rows[i] for i in chosen], policy.tokenizer.pad_token_id or 0, policy.device
-        )
-        with policy.autocast():
-            logprobs, log_mass = token_logprobs(
-                model, batch, config.temperature, config.top_p, config.logit_chunk
-            )
+    for index in range(passes):
+        chosen = order[index * config.micro_batch : (index + 1) * config.micro_batch]
+        # An empty pass (this process has run out of rollouts) is one token of weight 0.
+        batch_rows = [rows[i] for i in chosen] or [([pad], [pad], None)]
+        batch = token_batch(batch_rows, pad, policy.device)
         ref = None
         if policy.has_reference and config.loss.beta > 0:
-            with torch.no_grad(), policy.reference_model() as reference, policy.autocast():
+            with torch.no_grad(), policy.reference_scorer() as reference, policy.autocast():
                 ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
+        # The wrapper reduces the gradients after the last pass only.
+        with parallel.gradient_sync(policy.scorer, index == passes - 1), policy.autocast():
+            logprobs, log_mass = token_logprobs(
+                policy.scorer, batch, config.temperature, config.top_p, config.logit_chunk
+            )
         # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
         # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
         sampled = batch["sampler_logprobs"]
@@ -291,12 +289,12 @@ def train_step(
         old = torch.where(has, sampled, logprobs.detach())
         fresh = has & batch["completion_mask"]
         fresh &= torch.tensor(
-            [rollouts[i].version == policy.step for i in chosen], device=fresh.device
+            [rollouts[i].version == policy.step for i in chosen] or [False], device=fresh.device
         ).unsqueeze(-1)
         gap += float(((logprobs.detach() - old).abs() * fresh).sum())
         gap_tokens += int(fresh.sum())
         values = torch.tensor(
-            [advantages.per_rollout[i] for i in chosen],
+            [advantages.per_rollout[i] for i in chosen] or [0.0],
             dtype=logprobs.dtype,
             device=logprobs.device,
         )
@@ -309,33 +307,25 @@ def train_step(
             config=config.loss,
             total_tokens=total_tokens,
         )
-        loss.backward()
-        sums["loss"] += float(loss.detach())
-        sums["policy"] += parts.policy
-        sums["kl"] += parts.kl
-        sums["clipped"] += parts.clipped
-        sums["ratio"] += parts.ratio
+        # The wrappers average the processes' gradients; the loss is already a share of the
+        # whole step's token mean, so they are to be summed.
+        weight = parallel.world if chosen else 0.0
+        with parallel.gradient_sync(policy.scorer, index == passes - 1):
+            (loss * weight).backward()
+        if chosen:
+            sums["loss"] += float(loss.detach())
+            sums["policy"] += parts.policy
+            sums["kl"] += parts.kl
+            sums["clipped"] += parts.clipped
+            sums["ratio"] += parts.ratio
     # The per-token metrics are over the tokens that ran (a fresh step's ratio is 1, not 0).
     ran = max(sum(len(rows[i][1]) for i in order), 1)
-    parameters = policy.trainable_parameters()
-    if not order and processes == 1:
-        for parameter in parameters:  # nothing ran: a zero gradient, and no optimiser step
-            parameter.grad = torch.zeros_like(parameter)
-    if processes > 1:
-        for parameter in parameters:
-            if parameter.grad is None:
-                parameter.grad = torch.zeros_like(parameter)
-            parameter.grad = accelerator.reduce(parameter.grad, "sum")
-    if policy.config.grad_clip > 0:
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(parameters, policy.config.grad_clip))
-    else:
-        grad_norm = float(
-            torch.linalg.vector_norm(
-                torch.stack([p.grad.norm() for p in parameters if p.grad is not None])
-            )
-        )
-    if math.isfinite(grad_norm) and (order or processes > 1):
-        policy.optimizer.step()
+    grad_norm = 0.0
+    if passes:  # no process ran anything: no optimiser step (it would still decay the weights)
+        clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
+        grad_norm = _total(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), clip))
+        if math.isfinite(grad_norm):
+            policy.optimizer.step()
     policy.optimizer.zero_grad(set_to_none=True)
     policy.step += 1
     seconds = time.perf_counter() - started
@@ -355,12 +345,18 @@ def train_step(
         grad_norm=grad_norm,
         trained=len(order),
         set_score=float(np.mean(advantages.rewards)) if advantages.rewards else 0.0,
-        zero_std_fraction=advantages.zero_std_groups / len(groups),
+        zero_std_fraction=advantages.zero_std_groups / max(len(groups), 1),
         diversity=float(np.mean(advantages.diversity)) if advantages.diversity else 0.0,
         seconds=seconds,
         tokens_per_second=(ran if order else 0) / seconds,
         advantage=config.advantage,
     )
+
+
+def _total(norm: Tensor) -> float:
+    """A norm as a number (under FSDP it is a DTensor over the processes' shards)."""
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if full is not None else norm)
 
 
 def _staleness(rollouts: Sequence[Rollout], trained: int) -> float | None:

@@ -22,6 +22,7 @@ from harness.config import (
     ANSWER_TRAINING,
     DUPLICATE_REWARDS,
     FOLLOW_EVERY,
+    GRADIENT_CHECKPOINTING,
     LORA_LEARNING_RATE,
     OLD_LOGPROBS,
     AnswerSettings,
@@ -32,6 +33,8 @@ from harness.config import (
     trained_temperature,
 )
 from harness.errors import UserError
+
+SHARDINGS = ("auto", "fsdp", "ddp", "none")  # trainer.distributed's, without importing torch
 
 
 def add_commands(commands: Any) -> None:
@@ -100,6 +103,20 @@ def add_commands(commands: Any) -> None:
         default=None,
         help="auto, sampler or recompute: the PPO ratio's old log-probs (default: the "
         "campaign's with --follow, else recompute: an offline model is not the one that sampled)",
+    )
+    p.add_argument(
+        "--gradient-checkpointing",
+        dest="gradient_checkpointing",
+        default=None,
+        help="recompute layer activations in the backward pass: auto (from 1B parameters), on "
+        f"or off (default: the campaign's with --follow, else {TrainSettings.gradient_checkpointing})",
+    )
+    p.add_argument(
+        "--sharding",
+        default="auto",
+        help="on several processes (torchrun, accelerate launch): fsdp (each process holds a "
+        "shard of the weights and optimiser), ddp (whole copies) or auto (fsdp when there are "
+        "several processes or accelerate's config asks for FSDP; none on one)",
     )
     p.add_argument("--seed", type=int, default=TrainSettings.seed)
     _add_follow_flags(p.add_argument_group("with --db --follow (beside `vpo worker` processes)"))
@@ -211,6 +228,15 @@ def _checked_out(args: argparse.Namespace) -> Path:
         raise UserError(
             f"--old-logprobs must be {', '.join(OLD_LOGPROBS)}, not {args.old_logprobs!r}"
         )
+    if args.gradient_checkpointing not in (None, *GRADIENT_CHECKPOINTING):
+        raise UserError(
+            f"--gradient-checkpointing must be {', '.join(GRADIENT_CHECKPOINTING)}, "
+            f"not {args.gradient_checkpointing!r}"
+        )
+    if args.sharding not in SHARDINGS:
+        raise UserError(f"--sharding must be {', '.join(SHARDINGS)}, not {args.sharding!r}")
+    if args.sharding != "auto" and args.problem is not None:
+        raise UserError("--sharding goes with --db; answer-problem training runs on one process")
     if args.advantage not in ADVANTAGES:
         raise UserError(
             f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
@@ -252,6 +278,7 @@ def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
             seed=args.seed,
             duplicate_reward=args.duplicate_reward,
             old_logprobs=args.old_logprobs,
+            gradient_checkpointing=args.gradient_checkpointing,
         ),
     )
     if args.learning_rate is None and settings.lora:
@@ -291,6 +318,7 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
         stored.candidates,
         settings,
         on_step=lambda metrics: logs.say(metrics.line()),
+        parallel=_joined(args),
     )
     if speaks:
         logs.say(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
@@ -308,12 +336,31 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
         "kl_beta": args.kl_beta,
         "duplicate_reward": args.duplicate_reward,
         "old_logprobs": args.old_logprobs,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "policy_dir": None if args.out is None else str(Path(args.out).resolve()),
     }
     if args.lora:
         overrides |= {"lora": True, "lora_rank": args.lora_rank}
-    follow(store, campaign, overrides, steps=args.steps, poll=args.poll, say=logs.say)
+    follow(
+        store,
+        campaign,
+        overrides,
+        steps=args.steps,
+        poll=args.poll,
+        say=logs.say,
+        parallel=_joined(args),
+    )
     return 0
+
+
+def _joined(args: argparse.Namespace) -> Any:
+    """This process among torchrun's or accelerate's (trainer/distributed.py)."""
+    from trainer.distributed import Parallel, ParallelError
+
+    try:
+        return Parallel.join(args.sharding)
+    except ParallelError as error:
+        raise UserError(str(error)) from None
 
 
 def _train_answers(args: argparse.Namespace, out: Path) -> int:
