@@ -334,13 +334,14 @@ class Policy:
 
         weights, moments = get_state_dict(self.scorer, self.optimizer)
         state = {"model": weights, "optimizer": moments}
+        alone = not self.parallel.active
         try:
-            dcp.load(state, checkpoint_id=str(folder))
+            dcp.load(state, checkpoint_id=str(folder), no_dist=alone)
         except Exception as error:  # a checkpoint without optimiser state: the weights only
             if "optimizer" not in str(error):
                 raise ModelError(f"{folder} cannot be loaded: {error}") from error
             state = {"model": weights}
-            dcp.load(state, checkpoint_id=str(folder))
+            dcp.load(state, checkpoint_id=str(folder), no_dist=alone)
         set_state_dict(
             self.scorer,
             self.optimizer,

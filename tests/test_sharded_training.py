@@ -1,0 +1,119 @@
+"""Sharded policy versions (FSDP2 under torchrun, gloo on CPU) and gradient checkpointing.
+
+A follower (`vpo train --follow`) on two processes saves each version with
+torch.distributed.checkpoint beside consolidated weights; killed between saving a version and
+recording it, and started again, it resumes from the last recorded sharded version, optimiser
+state included, and ends where an uninterrupted follower ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_distributed import harvested
+
+from harness.store import Store
+from trainer.policy import SHARDED_FOLDER, Policy, PolicyConfig
+from trainer.train import TrainConfig, train_step
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+
+
+def follow(db: Path, model: str, out: Path, steps: int, fault: str | None = None) -> int:
+    command = [
+        *TORCHRUN, "-m", "harness.cli.train", "--db", str(db), "--follow", "--model", model,
+        "--train-every", "2", "--steps", str(steps), "--out", str(out), "--advantage",
+        "multi_rlvr", "--lr", "1e-2", "--kl-beta", "1e-3", "--poll", "0.2",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if fault:
+        env["VPO_FAULT"] = fault
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    if not fault:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done.returncode
+
+
+@pytest.mark.slow
+def test_a_killed_sharded_follower_resumes_with_its_optimiser_state(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    harvested(tmp_path / "a.db", tiny_model)
+    shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
+    # A: two steps in one go.
+    follow(tmp_path / "a.db", tiny_model, tmp_path / "a", 2)
+    # B: killed (every process) after saving step 2 and before recording it; started again.
+    assert follow(tmp_path / "b.db", tiny_model, tmp_path / "b", 2, "train_saved:2") != 0
+    store = Store.open(tmp_path / "b.db")
+    campaign = store.get_campaign("c")
+    assert [v.step for v in store.policies(campaign.id)] == [1]
+    store.close()
+    follow(tmp_path / "b.db", tiny_model, tmp_path / "b", 1)
+
+    store = Store.open(tmp_path / "b.db")
+    versions = store.policies(campaign.id)
+    assert [v.step for v in versions] == [1, 2]
+    assert store.untrained_count(campaign.id) == 0  # each group trained once
+    store.close()
+
+    version = tmp_path / "b" / "step-000002"
+    state = json.loads((version / "policy.json").read_text())
+    assert state["sharded"] is True and state["step"] == 2
+    assert (version / SHARDED_FOLDER / ".metadata").exists()
+    assert not (version / "optimizer.pt").exists()
+    # The consolidated weights are a plain model folder; the resumed run's step 2 is the
+    # uninterrupted run's: the Adam moments of step 1 came back (without them step 2 would
+    # move each weight by about lr, far from this).
+    resumed = AutoModelForCausalLM.from_pretrained(version)
+    straight = AutoModelForCausalLM.from_pretrained(tmp_path / "a" / "step-000002")
+    start = AutoModelForCausalLM.from_pretrained(tiny_model)
+    for (name, a), b, s in zip(
+        straight.state_dict().items(),
+        resumed.state_dict().values(),
+        start.state_dict().values(),
+        strict=True,
+    ):
+        torch.testing.assert_close(b - s, a - s, atol=2e-4, rtol=0.05, msg=name)
+
+    # One process resumes the sharded version too (resharded onto a world of one), moments
+    # and all.
+    policy = Policy.resume(version)
+    assert policy.step == 2
+    moments = policy.optimizer.state_dict()["state"]
+    assert len(moments) == len(policy.trainable_parameters())
+    assert all(int(m["step"]) == 2 for m in moments.values())
+    for a, b in zip(policy.model.state_dict().values(), resumed.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def one_step(tiny_model: str, checkpointing: str) -> tuple[Policy, list[torch.Tensor]]:
+    from test_trainer import tiny_groups
+
+    torch.manual_seed(0)
+    config = PolicyConfig(lr=1e-2, reference=False, gradient_checkpointing=checkpointing)
+    policy = Policy.load(tiny_model, config)
+    groups = tiny_groups(policy, 2)
+    train_step(policy, groups, TrainConfig(micro_batch=2), generator=torch.Generator().manual_seed(3))
+    return policy, [p.detach().clone() for p in policy.model.parameters()]
+
+
+def test_gradient_checkpointing_leaves_the_step_unchanged(tiny_model: str) -> None:
+    plain, without = one_step(tiny_model, "off")
+    checked, with_it = one_step(tiny_model, "on")
+    assert not plain.checkpointing and checked.checkpointing
+    assert checked.model.is_gradient_checkpointing
+    start = Policy.load(tiny_model, PolicyConfig(reference=False))
+    assert not start.checkpointing  # "auto": a tiny model keeps its activations
+    moved = 0.0
+    for before, a, b in zip(start.model.parameters(), without, with_it, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+        moved += float((a - before.detach()).abs().sum())
+    assert moved > 0
