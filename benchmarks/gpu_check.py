@@ -6,7 +6,8 @@
                                  [--new-tokens 128] [--batch 32] [--tokenizer DIR]
                                  [--device cuda|cpu] [--tiny]
 
-For full fine-tuning and for LoRA (r=16) in turn: load the policy on `cuda`, take `--steps`
+For full fine-tuning, for LoRA (r=16) and for full fine-tuning sharded by FSDP2 (a process group
+of one: the wrap several GPUs use, with bf16 mixed precision) in turn: load the policy on `cuda`, take `--steps`
 optimiser steps on synthetic groups (random prompt and completion tokens, random reward vectors
 of 3 candidates x 2 objectives), and check that every loss is finite and the weights changed.
 Prints the seconds per step (the first, which warms the kernels up, apart), completion tokens per
@@ -94,16 +95,21 @@ def random_copy(name: str, folder: Path) -> str:
     return str(folder)
 
 
-def check(name: str, lora: bool, args: argparse.Namespace) -> dict:
+def check(name: str, lora: bool, args: argparse.Namespace, sharded: bool = False) -> dict:
     import torch
 
+    from trainer.distributed import Parallel
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import TrainConfig, train_step
 
     torch.cuda.reset_peak_memory_stats()
-    policy = Policy.load(name, PolicyConfig(lr=1e-5 if lora else 1e-6, lora=lora, device="cuda"))
+    # Sharded: FSDP2 on a process group of one, a real wrap (bf16 mixed precision, fp32
+    # master weights as DTensors), the path several GPUs take.
+    parallel = Parallel.join("fsdp") if sharded else Parallel()
+    config = PolicyConfig(lr=1e-5 if lora else 1e-6, lora=lora, device="cuda")
+    policy = Policy.load(name, config, parallel=parallel)
     trained = [p for p in policy.model.parameters() if p.requires_grad]
-    before = [p.detach().clone() for p in trained[:: max(1, len(trained) // 8)]]
+    before = [whole(p).clone() for p in trained[:: max(1, len(trained) // 8)]]
     vocab = policy.model.get_input_embeddings().num_embeddings
     config = TrainConfig(micro_batch=args.group_size)
     generator = torch.Generator().manual_seed(0)
@@ -113,11 +119,12 @@ def check(name: str, lora: bool, args: argparse.Namespace) -> dict:
         torch.cuda.synchronize()
         metrics.append(train_step(policy, groups, config, generator=generator))
         torch.cuda.synchronize()
-    after = [p.detach() for p in trained[:: max(1, len(trained) // 8)]]
+    after = [whole(p) for p in trained[:: max(1, len(trained) // 8)]]
     changed = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     seconds = [m.seconds for m in metrics[1:]] or [metrics[0].seconds]
     return {
-        "mode": f"LoRA r={policy.config.lora_rank}" if lora else "full fine-tuning",
+        "mode": (f"LoRA r={policy.config.lora_rank}" if lora else "full fine-tuning")
+        + (", FSDP2 (world 1)" if sharded else ""),
         "parameters": sum(p.numel() for p in policy.model.parameters()),
         "trainable": sum(p.numel() for p in trained),
         "losses": [m.loss for m in metrics],
@@ -128,6 +135,12 @@ def check(name: str, lora: bool, args: argparse.Namespace) -> dict:
         "tokens": metrics[-1].tokens,
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
     }
+
+
+def whole(parameter: Any) -> Any:
+    """A parameter's values (gathered, where FSDP holds it as a DTensor)."""
+    full = getattr(parameter, "full_tensor", None)
+    return (full() if full is not None else parameter).detach()
 
 
 def random_smollm2(name: str, tokenizer_folder: str, folder: Path, tiny: bool) -> str:
@@ -359,6 +372,7 @@ def main() -> int:
     if args.random_init:
         name = random_copy(name, Path(scratch.name))
     rows = [check(name, lora, args) for lora in (False, True)]
+    rows.append(check(name, False, args, sharded=True))
     device = torch.cuda.get_device_name(0)
     lines = [
         "| mode | parameters (trainable) | losses | finite | weights changed | first step s "

@@ -19,6 +19,7 @@ import torch
 from test_distributed import harvested
 
 from harness.store import Store
+from test_cli import assert_one_line_error, vpo
 from trainer.policy import SHARDED_FOLDER, Policy, PolicyConfig
 from trainer.train import TrainConfig, train_step
 
@@ -117,3 +118,32 @@ def test_gradient_checkpointing_leaves_the_step_unchanged(tiny_model: str) -> No
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
         moved += float((a - before.detach()).abs().sum())
     assert moved > 0
+
+
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (("--sharding", "zero3"), "--sharding must be auto, fsdp, ddp, none, not 'zero3'"),
+        (("--gradient-checkpointing", "yes"), "--gradient-checkpointing must be auto, on, off"),
+    ],
+)
+def test_bad_sharding_flags_are_one_line(args: tuple[str, ...], words: str, tmp_path: Path) -> None:
+    db = tmp_path / "x.db"
+    assert_one_line_error(vpo("train", "--db", str(db), "--out", str(tmp_path / "o"), *args), words)
+
+
+def test_a_campaign_refuses_to_run_under_torchrun(tmp_path: Path) -> None:
+    """Every process torchrun starts would run the campaign: said in one line instead."""
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}
+    for command in ("run", "worker"):
+        done = vpo(command, "circle_packing", "--db", str(tmp_path / "x.db"), env=env)
+        assert_one_line_error(done, f"vpo {command} runs in one process, not under torchrun")
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_a_bad_gradient_checkpointing_setting_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[training]\ngradient_checkpointing = "always"\n')
+    done = vpo("run", "circle_packing", "--config", str(config), "--db", str(tmp_path / "x.db"))
+    assert_one_line_error(done, "gradient_checkpointing")
+    assert "auto, on, off" in done.stderr

@@ -70,7 +70,19 @@ def add_config_command(commands: Any) -> None:
     show.set_defaults(handler=cmd_config_show)
 
 
+def single_process(command: str) -> None:
+    """`vpo run` and `vpo worker` sample and evaluate in one process: under torchrun or
+    `accelerate launch` each process would run its own copy of the campaign."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(
+            f"vpo {command} runs in one process, not under torchrun or accelerate launch; to "
+            "train on several GPUs, run workers and one `torchrun --nproc_per_node N -m "
+            "harness.cli.train --db ... --follow` beside them"
+        )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    single_process("run")
     if args.tasks is not None:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         if not args.problem or ":" in args.problem or not tasks:
@@ -128,6 +140,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from harness.worker import run_worker
 
+    single_process("worker")
     if args.db is None:
         raise UserError("a worker joins a campaign in a database: give --db (postgresql://...)")
     if args.problem:
