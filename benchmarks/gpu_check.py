@@ -7,12 +7,13 @@
                                  [--device cuda|cpu] [--tiny]
 
 For full fine-tuning, for LoRA (r=16) and for full fine-tuning sharded by FSDP2 (a process group
-of one: the wrap several GPUs use, with bf16 mixed precision) in turn: load the policy on `cuda`, take `--steps`
-optimiser steps on synthetic groups (random prompt and completion tokens, random reward vectors
-of 3 candidates x 2 objectives), and check that every loss is finite and the weights changed.
-Prints the seconds per step (the first, which warms the kernels up, apart), completion tokens per
-second and peak GPU memory, and writes the table to benchmarks/results/gpu_check.md (or
-$GPU_CHECK_OUT). Exits 1 when a check fails, 0 with one line saying why when there is no CUDA.
+of one: the wrap several GPUs use, with bf16 mixed precision) in turn: load the policy on
+`cuda`, take `--steps` optimiser steps on synthetic groups (random prompt and completion
+tokens, random reward vectors of 3 candidates x 2 objectives), and check that every loss is
+finite and the weights changed. Prints the seconds per step (the first, which warms the kernels
+up, apart), completion tokens per second and peak GPU memory, and writes the table to
+benchmarks/results/gpu_check.md (or $GPU_CHECK_OUT). Exits 1 when a check fails, 0 with one
+line saying why when there is no CUDA.
 
 `--model` defaults to the embedded SmolLM2-135M-Instruct. `--random-init` keeps the model's
 architecture and tokenizer (a folder with config.json and the tokenizer files is enough) but

@@ -61,13 +61,13 @@ def load_policy(
     """The policy to train and the config of its step: the version saved in folder `resume`,
     else `settings.model` afresh (with a frozen reference only when the KL term is on). A
     model that cannot be loaded is a UserError."""
+    import torch
+
     from trainer.distributed import Parallel, ParallelError
     from trainer.loss import LossConfig
     from trainer.models import ModelError
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import TrainConfig
-
-    import torch
 
     parallel = parallel or Parallel()
     if parallel.active:

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_cli import assert_one_line_error, vpo
 from test_distributed import harvested
 
 from harness.store import Store
-from test_cli import assert_one_line_error, vpo
 from trainer.policy import SHARDED_FOLDER, Policy, PolicyConfig
 from trainer.train import TrainConfig, train_step
 
@@ -102,7 +102,9 @@ def one_step(tiny_model: str, checkpointing: str) -> tuple[Policy, list[torch.Te
     config = PolicyConfig(lr=1e-2, reference=False, gradient_checkpointing=checkpointing)
     policy = Policy.load(tiny_model, config)
     groups = tiny_groups(policy, 2)
-    train_step(policy, groups, TrainConfig(micro_batch=2), generator=torch.Generator().manual_seed(3))
+    train_step(
+        policy, groups, TrainConfig(micro_batch=2), generator=torch.Generator().manual_seed(3)
+    )
     return policy, [p.detach().clone() for p in policy.model.parameters()]
 
 

@@ -177,6 +177,9 @@ class Parallel:
         return module
 
 
+ALONE = Parallel()  # one process, nothing joined
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a transformers model (through a peft wrapper): the modules whose
     class the model names as never to be split across devices."""
@@ -193,7 +196,11 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def unwrapped(module: nn.Module) -> nn.Module:
     """The module a DDP wrapper holds (FSDP2 wraps in place: the module itself)."""
-    return getattr(module, "module", module) if type(module).__name__.endswith("DataParallel") else module
+    return (
+        getattr(module, "module", module)
+        if type(module).__name__.endswith("DataParallel")
+        else module
+    )
 
 
 def _flag(variable: str) -> bool:

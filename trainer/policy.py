@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.distributed import Parallel, decoder_layers
+from trainer.distributed import ALONE, Parallel, decoder_layers
 from trainer.logprobs import TokenLogprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
 
@@ -99,7 +99,7 @@ class Policy:
         base: str,
         reference: PreTrainedModel | None = None,
         step: int = 0,
-        parallel: Parallel = Parallel(),
+        parallel: Parallel = ALONE,
     ) -> None:
         self.model = model  # the transformers (or peft) model; its parameters may be shards
         self.tokenizer = tokenizer
@@ -111,17 +111,23 @@ class Policy:
             torch.device(parallel.device) if parallel.active else next(model.parameters()).device
         )
         self.autocast_dtype = preferred_dtype(self.device.type)
-        self.parameters = sum(p.numel() for p in model.parameters())
+        self.parameter_count = sum(p.numel() for p in model.parameters())
         self.checkpointing = config.gradient_checkpointing == "on" or (
-            config.gradient_checkpointing == "auto" and self.parameters >= CHECKPOINTING_FROM
+            config.gradient_checkpointing == "auto" and self.parameter_count >= CHECKPOINTING_FROM
         )
         if self.checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
         sharded = parallel.sharding == "fsdp"
         # The per-token log-probs as one module, owned by the data-parallel wrapper (FSDP2 or
         # DDP), which reduces the gradients.
+        try:
+            scorer = TokenLogprobs(model)
+        except ValueError as error:  # no decoder and head to call apart, soft-capped logits
+            raise ModelError(str(error)) from error
         self.scorer = parallel.wrap(
-            TokenLogprobs(model), decoder_layers(model) if sharded else [], self.autocast_dtype
+            scorer, decoder_layers(model) if sharded else [], self.autocast_dtype
         )
         self._reference = None
         if reference is not None:
@@ -142,7 +148,7 @@ class Policy:
         config: PolicyConfig = PolicyConfig(),
         *,
         cache_dir: str | os.PathLike[str] | None = None,
-        parallel: Parallel = Parallel(),
+        parallel: Parallel = ALONE,
     ) -> Policy:
         """Start from `name`: the embedded model, a Hugging Face folder or hub id, a GGUF file;
         wrapped for `parallel`'s processes."""
@@ -164,7 +170,7 @@ class Policy:
         *,
         cache_dir: str | os.PathLike[str] | None = None,
         device: str | None = None,
-        parallel: Parallel = Parallel(),
+        parallel: Parallel = ALONE,
     ) -> Policy:
         """A policy saved by `save`, with its optimiser state and step counter, wrapped for
         `parallel`'s processes (a sharded save resumes on any number of them)."""
@@ -367,7 +373,7 @@ def _own_name(key: str) -> str:
 
 
 @contextlib.contextmanager
-def _atomic_folder(folder: str | os.PathLike[str], parallel: Parallel = Parallel()) -> Iterator[Path]:
+def _atomic_folder(folder: str | os.PathLike[str], parallel: Parallel = ALONE) -> Iterator[Path]:
     """A staging folder beside `folder` that replaces it when the block ends without error.
     Every process gets the same staging folder (a file system they share); the main process
     renames it once all are done."""

@@ -109,7 +109,8 @@ def add_commands(commands: Any) -> None:
         dest="gradient_checkpointing",
         default=None,
         help="recompute layer activations in the backward pass: auto (from 1B parameters), on "
-        f"or off (default: the campaign's with --follow, else {TrainSettings.gradient_checkpointing})",
+        "or off (default: the campaign's with --follow, else "
+        f"{TrainSettings.gradient_checkpointing})",
     )
     p.add_argument(
         "--sharding",
