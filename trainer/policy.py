@@ -48,9 +48,10 @@ STATE_FILE = "policy.json"
 OPTIMIZER_FILE = "optimizer.pt"
 SHARDED_FOLDER = "sharded"  # torch.distributed.checkpoint: weights and optimiser, by shard
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")
-# "auto" turns activation checkpointing on from this many parameters: below it the activations
-# of a micro-batch are small next to weights and optimiser state, and recomputing them costs a
-# third more time (benchmarks/results/train_memory_sharded.md).
+# "auto" turns activation checkpointing on from this many parameters: below it weights and
+# optimiser state leave a GPU room for the activations, and recomputing them costs 23-25% more
+# time per step (measured on a 276M Llama: benchmarks/results/train_memory_sharded.md; the
+# arithmetic for 8B models in docs/training.md).
 CHECKPOINTING_FROM = 1_000_000_000
 # Every linear layer of a Llama-style block; peft's "all-linear" picks the same on most models.
 LORA_TARGETS = "all-linear"
