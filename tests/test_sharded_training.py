@@ -26,11 +26,13 @@ from trainer.train import TrainConfig, train_step
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
 
 
-def follow(db: Path, model: str, out: Path, steps: int, fault: str | None = None) -> int:
+def follow(
+    db: Path, model: str, out: Path, steps: int, fault: str | None = None, *extra: str
+) -> int:
     command = [
         *TORCHRUN, "-m", "harness.cli.train", "--db", str(db), "--follow", "--model", model,
         "--train-every", "2", "--steps", str(steps), "--out", str(out), "--advantage",
-        "multi_rlvr", "--lr", "1e-2", "--kl-beta", "1e-3", "--poll", "0.2",
+        "multi_rlvr", "--lr", "1e-2", "--kl-beta", "1e-3", "--poll", "0.2", *extra,
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if fault:
@@ -93,6 +95,27 @@ def test_a_killed_sharded_follower_resumes_with_its_optimiser_state(
     assert all(int(m["step"]) == 2 for m in moments.values())
     for a, b in zip(policy.model.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.slow
+def test_a_sharded_lora_version_holds_the_adapter_and_its_moments(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """A LoRA version under FSDP: the adapter for vLLM and the workers, merged weights beside
+    it, and in `sharded/` only what trains (the frozen base is not written with each version)."""
+    harvested(tmp_path / "a.db", tiny_model)
+    follow(tmp_path / "a.db", tiny_model, tmp_path / "v", 1, None, "--lora", "--lora-rank", "4")
+    version = tmp_path / "v" / "step-000001"
+    assert (version / "adapter_config.json").exists()
+    assert (tmp_path / "v" / "step-000001-merged" / "config.json").exists()
+    shards = sum(f.stat().st_size for f in (version / SHARDED_FOLDER).iterdir())
+    model = sum(f.stat().st_size for f in Path(tiny_model).glob("*.safetensors"))
+    assert shards < model / 4
+    policy = Policy.resume(version)
+    assert policy.config.lora and policy.step == 1
+    moments = policy.optimizer.state_dict()["state"]
+    assert len(moments) == len(policy.trainable_parameters()) > 0
+    assert all(float(m["exp_avg"].abs().sum()) > 0 for m in moments.values())
 
 
 def one_step(tiny_model: str, checkpointing: str) -> tuple[Policy, list[torch.Tensor]]:

@@ -329,7 +329,7 @@ class Policy:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        weights, moments = get_state_dict(self.scorer, self.optimizer)
+        weights, moments = get_state_dict(self.scorer, self.optimizer, options=_trained_only())
         state = {"model": weights, "optimizer": moments} if optimizer else {"model": weights}
         dcp.save(state, checkpoint_id=str(folder))
 
@@ -339,7 +339,7 @@ class Policy:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        weights, moments = get_state_dict(self.scorer, self.optimizer)
+        weights, moments = get_state_dict(self.scorer, self.optimizer, options=_trained_only())
         state = {"model": weights, "optimizer": moments}
         alone = not self.parallel.active
         try:
@@ -354,7 +354,16 @@ class Policy:
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state.get("optimizer", {}),
+            options=_trained_only(),
         )
+
+
+def _trained_only() -> Any:
+    """What a sharded checkpoint holds of the model: the weights being trained (a LoRA
+    version's frozen base is the base model's, not written again with every version)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True)
 
 
 def _tied_names(model: Any) -> set[str]:
