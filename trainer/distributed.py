@@ -67,6 +67,11 @@ class Parallel:
             sharding = "fsdp" if world > 1 or _flag("ACCELERATE_USE_FSDP") else "none"
         if sharding == "ddp" and world == 1:
             sharding = "none"
+        # `accelerate launch --use_fsdp` asks transformers (FSDP_CPU_RAM_EFFICIENT_LOADING) to
+        # load the weights on one process only and leave the others empty, for FSDP1 to
+        # broadcast; fully_shard keeps each process's own shard of its own copy, so every
+        # process loads them.
+        os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
         parallel = cls(rank=rank, world=world, local_rank=local_rank, sharding=sharding)
         if sharding != "none":
             parallel._start_group()
@@ -127,6 +132,14 @@ class Parallel:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def close(self) -> None:
+        """Leave the process group (before the interpreter exits: gloo torn down at exit can
+        crash the process)."""
+        import torch.distributed as dist
+
+        if self.active and dist.is_initialized():
+            dist.destroy_process_group()
 
     def barrier(self) -> None:
         if self.active:

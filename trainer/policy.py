@@ -30,6 +30,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -342,28 +343,31 @@ class Policy:
         weights, moments = get_state_dict(self.scorer, self.optimizer, options=_trained_only())
         state = {"model": weights, "optimizer": moments}
         alone = not self.parallel.active
-        try:
-            dcp.load(state, checkpoint_id=str(folder), no_dist=alone)
-        except Exception as error:  # a checkpoint without optimiser state: the weights only
-            if "optimizer" not in str(error):
-                raise ModelError(f"{folder} cannot be loaded: {error}") from error
-            state = {"model": weights}
-            dcp.load(state, checkpoint_id=str(folder), no_dist=alone)
+        with warnings.catch_warnings():
+            # One process reading a sharded checkpoint is meant; torch warns that it assumes so.
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            try:
+                dcp.load(state, checkpoint_id=str(folder), no_dist=alone)
+            except Exception as error:  # a checkpoint without optimiser state: the weights
+                if "optimizer" not in str(error):
+                    raise ModelError(f"{folder} cannot be loaded: {error}") from error
+                state = {"model": weights}
+                dcp.load(state, checkpoint_id=str(folder), no_dist=alone)
         set_state_dict(
             self.scorer,
             self.optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state.get("optimizer", {}),
-            options=_trained_only(),
+            options=_trained_only(strict=False),  # the frozen base came from the folder
         )
 
 
-def _trained_only() -> Any:
+def _trained_only(strict: bool = True) -> Any:
     """What a sharded checkpoint holds of the model: the weights being trained (a LoRA
     version's frozen base is the base model's, not written again with every version)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(ignore_frozen_params=True)
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
 def _tied_names(model: Any) -> set[str]:

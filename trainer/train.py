@@ -271,15 +271,15 @@ def train_step(
         # An empty pass (this process has run out of rollouts) is one token of weight 0.
         batch_rows = [rows[i] for i in chosen] or [([pad], [pad], None)]
         batch = token_batch(batch_rows, pad, policy.device)
-        ref = None
-        if policy.has_reference and config.loss.beta > 0:
-            with torch.no_grad(), policy.reference_scorer() as reference, policy.autocast():
-                ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
         # The wrapper reduces the gradients after the last pass only.
         with parallel.gradient_sync(policy.scorer, index == passes - 1), policy.autocast():
             logprobs, log_mass = token_logprobs(
                 policy.scorer, batch, config.temperature, config.top_p, config.logit_chunk
             )
+        ref = None
+        if policy.has_reference and config.loss.beta > 0:
+            with torch.no_grad(), policy.reference_scorer() as reference, policy.autocast():
+                ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
         # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
         # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
         sampled = batch["sampler_logprobs"]

@@ -313,14 +313,18 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
     if speaks:
         model = settings.training.model
         logs.say(f"training {model} on campaign {campaign.name!r} of {store.where}")
-    history = train_offline(
-        store,
-        campaign.id,
-        stored.candidates,
-        settings,
-        on_step=lambda metrics: logs.say(metrics.line()),
-        parallel=_joined(args),
-    )
+    parallel = _joined(args)
+    try:
+        history = train_offline(
+            store,
+            campaign.id,
+            stored.candidates,
+            settings,
+            on_step=lambda metrics: logs.say(metrics.line()),
+            parallel=parallel,
+        )
+    finally:
+        parallel.close()
     if speaks:
         logs.say(f"{len(history)} steps; model written to {out} (vpo run --model {out})")
     return 0
@@ -342,15 +346,19 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
     }
     if args.lora:
         overrides |= {"lora": True, "lora_rank": args.lora_rank}
-    follow(
-        store,
-        campaign,
-        overrides,
-        steps=args.steps,
-        poll=args.poll,
-        say=logs.say,
-        parallel=_joined(args),
-    )
+    parallel = _joined(args)
+    try:
+        follow(
+            store,
+            campaign,
+            overrides,
+            steps=args.steps,
+            poll=args.poll,
+            say=logs.say,
+            parallel=parallel,
+        )
+    finally:
+        parallel.close()
     return 0
 
 
