@@ -95,6 +95,32 @@ def test_a_killed_sharded_follower_resumes_with_its_optimiser_state(
     assert all(int(m["step"]) == 2 for m in moments.values())
     for a, b in zip(policy.model.state_dict().values(), resumed.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
+    served_by_vllm(version, resumed)
+
+
+def served_by_vllm(folder: Path, model: torch.nn.Module) -> None:
+    """vLLM loads the consolidated folder and samples from those weights: its log-probs of
+    what it generated are the transformers model's."""
+    from conftest import require_vllm
+
+    from harness.llm import Sampling
+    from harness.llm.base import chat_prompt_ids
+    from harness.llm.vllm_backend import VLLMGenerator
+
+    require_vllm()
+    engine = VLLMGenerator(str(folder), max_model_len=512, kv_cache_gib=0.25, dtype="float32")
+    try:
+        messages = [{"role": "user", "content": "Pack the circles."}]
+        sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=6, seed=3)
+        completion = engine.generate([messages], 1, sampling)[0][0]
+        prompt = chat_prompt_ids(engine.tokenizer, messages)
+    finally:
+        engine.close()
+    ids = torch.tensor([list(prompt) + list(completion.token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+    expected = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.slow
