@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -56,7 +57,8 @@ def harvested(db: Path, tokenizer_folder: str) -> None:
     store.close()
 
 
-def train(launcher: list[str], db: Path, model: str, out: Path, *extra: str) -> dict:
+def launch(launcher: list[str], db: Path, model: str, out: Path, *extra: str) -> Any:
+    """`vpo train` started (one process, or torchrun's), its output in OUT.log."""
     command = [
         *launcher,
         "--db",
@@ -78,12 +80,31 @@ def train(launcher: list[str], db: Path, model: str, out: Path, *extra: str) -> 
         *extra,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads((out / "vpo-train.json").read_text())
+    log = open(out.with_name(out.name + ".log"), "w")  # noqa: SIM115 (closed by finish)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    process.out, process.log = out, log
+    return process
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+def finish(process: Any) -> dict:
+    try:
+        process.wait(timeout=300)
+    finally:
+        process.kill()
+        process.log.close()
+    output = Path(process.log.name).read_text()
+    assert process.returncode == 0, output[-3000:]
+    return json.loads((process.out / "vpo-train.json").read_text())
+
+
+def train_together(*runs: tuple[Any, ...]) -> list[dict]:
+    """Several `vpo train` runs at once (start-up dominates them: the cores are shared)."""
+    started = [launch(*run) for run in runs]
+    return [finish(process) for process in started]
+
+
+# --standalone: a free rendezvous port, so two launches can run at once.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ONE = [sys.executable, "-m", "harness.cli", "train"]
 
 
@@ -127,16 +148,13 @@ def test_two_processes_take_the_same_step_as_one(
     harvested(db, tiny_model)
     lora = ["--lora", "--lora-rank", "4"] if weights == "lora" else []
     alone = ["--sharding", "fsdp"] if training == ("fsdp", "lora") else []
-    one = train(ONE, db, tiny_model, tmp_path / "one", *lora, *alone)
     # `-m harness.cli.train` is `vpo train`, the form `accelerate launch` and torchrun use.
-    two = train(
-        [*TORCHRUN, "-m", "harness.cli.train"],
-        db,
-        tiny_model,
-        tmp_path / "two",
-        "--sharding",
-        sharding,
-        *lora,
+    one, two = train_together(
+        (ONE, db, tiny_model, tmp_path / "one", *lora, *alone),
+        (
+            [*TORCHRUN, "-m", "harness.cli.train"],
+            *(db, tiny_model, tmp_path / "two", "--sharding", sharding, *lora),
+        ),
     )
     assert (one["processes"], one["sharding"]) == (1, "fsdp" if alone else "none")
     assert (two["processes"], two["sharding"]) == (2, sharding)
@@ -152,13 +170,14 @@ def test_accelerate_launch_with_fsdp_shards(tiny_model: str, tmp_path: Path) -> 
     refused); the step is the one-process step."""
     db = tmp_path / "harvest.db"
     harvested(db, tiny_model)
-    one = train(ONE, db, tiny_model, tmp_path / "one")
-    launch = [
+    accelerate = [
         sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--use_fsdp", "-m", "harness.cli.train",
+        "--main_process_port", "0", "--use_fsdp", "-m", "harness.cli.train",
     ]  # fmt: skip
-    two = train(launch, db, tiny_model, tmp_path / "two")
+    one, two = train_together(
+        (ONE, db, tiny_model, tmp_path / "one"), (accelerate, db, tiny_model, tmp_path / "two")
+    )
     assert one["sharding"] == "none" and (two["processes"], two["sharding"]) == (2, "fsdp")
     assert_same_update(tiny_model, tmp_path / "one", tmp_path / "two")
 

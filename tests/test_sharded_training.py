@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,12 +24,19 @@ from harness.store import Store
 from trainer.policy import SHARDED_FOLDER, Policy, PolicyConfig
 from trainer.train import TrainConfig, train_step
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
 def follow(
     db: Path, model: str, out: Path, steps: int, fault: str | None = None, *extra: str
 ) -> int:
+    return finish(launch_follower(db, model, out, steps, fault, *extra))
+
+
+def launch_follower(
+    db: Path, model: str, out: Path, steps: int, fault: str | None = None, *extra: str
+) -> Any:
+    """A two-process follower, started; its output in OUT.log."""
     command = [
         *TORCHRUN, "-m", "harness.cli.train", "--db", str(db), "--follow", "--model", model,
         "--train-every", "2", "--steps", str(steps), "--out", str(out), "--advantage",
@@ -37,10 +45,21 @@ def follow(
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if fault:
         env["VPO_FAULT"] = fault
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    if not fault:
-        assert done.returncode == 0, done.stderr[-3000:]
-    return done.returncode
+    log = open(out.with_name(out.name + ".log"), "a")  # noqa: SIM115 (closed by finish)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    process.log, process.fault = log, fault
+    return process
+
+
+def finish(process: Any) -> int:
+    try:
+        process.wait(timeout=300)
+    finally:
+        process.kill()
+        process.log.close()
+    if not process.fault:
+        assert process.returncode == 0, Path(process.log.name).read_text()[-3000:]
+    return process.returncode
 
 
 @pytest.mark.slow
@@ -51,10 +70,12 @@ def test_a_killed_sharded_follower_resumes_with_its_optimiser_state(
 
     harvested(tmp_path / "a.db", tiny_model)
     shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
-    # A: two steps in one go.
-    follow(tmp_path / "a.db", tiny_model, tmp_path / "a", 2)
-    # B: killed (every process) after saving step 2 and before recording it; started again.
-    assert follow(tmp_path / "b.db", tiny_model, tmp_path / "b", 2, "train_saved:2") != 0
+    # A: two steps in one go; B, beside it: killed (every process) after saving step 2 and
+    # before recording it, then started again.
+    straight = launch_follower(tmp_path / "a.db", tiny_model, tmp_path / "a", 2)
+    killed = launch_follower(tmp_path / "b.db", tiny_model, tmp_path / "b", 2, "train_saved:2")
+    finish(straight)
+    assert finish(killed) != 0
     store = Store.open(tmp_path / "b.db")
     campaign = store.get_campaign("c")
     assert [v.step for v in store.policies(campaign.id)] == [1]
