@@ -30,7 +30,6 @@ import os
 import platform
 import resource
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reporting import publish  # noqa: E402
+from train_step_memory import resident_mib  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "train_memory_sharded.md"
 MODEL = {
@@ -62,17 +62,6 @@ CONFIGURATIONS = [
     ("DDP", 2, "ddp", "off"),
 ]
 THREADS = {1: 2, 2: 1}  # OMP_NUM_THREADS by process count: the machine's 2 cores either way
-
-
-def resident_mib(pid: int | str = "self") -> float:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:  # the process has just ended
-        return 0.0
-    for line in status.splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def descendants(pid: int) -> list[int]:
@@ -154,12 +143,6 @@ def one_configuration(folder: str, sharding: str, checkpointing: str, steps: int
     }
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def run_side(command: list[str], threads: int, max_gib: float) -> list[dict] | dict:
     """One configuration in its own processes (each rank's JSON line); stopped once any of them
     holds more than `max_gib`."""
@@ -235,10 +218,9 @@ def main() -> None:
                     sys.executable,
                     "-m",
                     "torch.distributed.run",
+                    "--standalone",  # a free port, not 29500, which another run may hold
                     "--nproc_per_node",
                     str(processes),
-                    "--master_port",
-                    str(free_port()),  # not torchrun's fixed 29500, which another run may hold
                     *side,
                 ]
             started = time.perf_counter()

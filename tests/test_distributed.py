@@ -79,21 +79,36 @@ def launch(launcher: list[str], db: Path, model: str, out: Path, *extra: str) ->
         "0",
         *extra,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    log = open(out.with_name(out.name + ".log"), "w")  # noqa: SIM115 (closed by finish)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-    process.out, process.log = out, log
+    process = start(command, out.with_name(out.name + ".log"))
+    process.out = out
     return process
 
 
-def finish(process: Any) -> dict:
+def start(command: list[str], log: Path, **env: str) -> Any:
+    """`command` started with one thread per process, its output appended to `log`."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    handle = open(log, "a")  # noqa: SIM115 (closed by wait)
+    process = subprocess.Popen(
+        command, stdout=handle, stderr=subprocess.STDOUT, text=True, env=environment
+    )
+    process.log = handle
+    return process
+
+
+def wait(process: Any, succeeds: bool = True) -> int:
+    """The exit status of a process `start` started (asserted 0 when it `succeeds`)."""
     try:
         process.wait(timeout=300)
     finally:
         process.kill()
         process.log.close()
-    output = Path(process.log.name).read_text()
-    assert process.returncode == 0, output[-3000:]
+    if succeeds:
+        assert process.returncode == 0, Path(process.log.name).read_text()[-3000:]
+    return process.returncode
+
+
+def finish(process: Any) -> dict:
+    wait(process)
     return json.loads((process.out / "vpo-train.json").read_text())
 
 

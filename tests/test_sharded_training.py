@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from test_cli import assert_one_line_error, vpo
-from test_distributed import harvested
+from test_distributed import harvested, start, wait
 
 from harness.store import Store
 from trainer.policy import SHARDED_FOLDER, Policy, PolicyConfig
@@ -42,24 +41,14 @@ def launch_follower(
         "--train-every", "2", "--steps", str(steps), "--out", str(out), "--advantage",
         "multi_rlvr", "--lr", "1e-2", "--kl-beta", "1e-3", "--poll", "0.2", *extra,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if fault:
-        env["VPO_FAULT"] = fault
-    log = open(out.with_name(out.name + ".log"), "a")  # noqa: SIM115 (closed by finish)
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-    process.log, process.fault = log, fault
+    log = out.with_name(out.name + ".log")
+    process = start(command, log, **({"VPO_FAULT": fault} if fault else {}))
+    process.fault = fault
     return process
 
 
 def finish(process: Any) -> int:
-    try:
-        process.wait(timeout=300)
-    finally:
-        process.kill()
-        process.log.close()
-    if not process.fault:
-        assert process.returncode == 0, Path(process.log.name).read_text()[-3000:]
-    return process.returncode
+    return wait(process, succeeds=not process.fault)
 
 
 @pytest.mark.slow

@@ -207,15 +207,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def unwrapped(module: nn.Module) -> nn.Module:
-    """The module a DDP wrapper holds (FSDP2 wraps in place: the module itself)."""
-    return (
-        getattr(module, "module", module)
-        if type(module).__name__.endswith("DataParallel")
-        else module
-    )
-
-
 def _flag(variable: str) -> bool:
     return os.environ.get(variable, "false").lower() in ("true", "1")  # as accelerate reads them
 
