@@ -76,11 +76,18 @@ class Objective:
 
 @dataclass(frozen=True)
 class Call:
-    """One invocation of the candidate's entry function; its data scores `objectives`."""
+    """One invocation of the candidate's entry function; its data scores `objectives`.
+
+    `entry` names the function the sandbox calls when it is not the problem's (a problem whose
+    work takes stages calls a driver function per stage). `context` is trusted data the scorer
+    keeps beside the call, for instance what an earlier stage claimed: it never reaches the
+    sandbox."""
 
     key: str
     args: tuple[Any, ...] = ()
     objectives: tuple[str, ...] = ()
+    entry: str = ""
+    context: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -141,6 +148,19 @@ class Problem(ABC):
     def calls(self) -> Sequence[Call]:
         """The calls to make; by default one call without arguments that scores every objective."""
         return (Call("main", (), tuple(o.name for o in self.objectives)),)
+
+    def follow_up(self, call: Call, value: Any, code: str) -> Call | None:
+        """The next stage of `call`: a call to run in a fresh sandboxed process now that `call`
+        returned `value`, or None (the default) to score `value` itself.
+
+        Runs in the trusted process on decoded data; raise Infeasible to reject `value`. A stage
+        gets only the arguments given here, so a problem can keep apart what one process must
+        not hold while it computes what is scored (equation discovery fits its constants where
+        the training targets are and predicts, from those constants alone, in a process that
+        never holds a target). `code` is the candidate's program as written, for measures of
+        its text. The last stage's value goes to `score` with the call that produced it; the
+        objectives and the result stay the first call's."""
+        return None
 
     def private_paths(self) -> Sequence[str]:
         """Files and folders the sandbox hides from this problem's candidates: what a program

@@ -1,6 +1,7 @@
 """Equation discovery on LLM-SR's four problems: the shipped data, the seeds fitted through the
 real sandbox at LLM-SR's reference floor (score 0), a better equation well above it, `vpo eval`,
-the log-scale mapping, and hostile programs, each scoring 0 with a one-line reason."""
+the log-scale mapping, and hostile programs, each scoring 0 with a one-line reason. Programs that
+carry the targets from the fitting process to the predicting one: tests/test_target_smuggling.py."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 
 from harness.evaluate import evaluate, evaluate_many
 from harness.sandbox import Limits, Sandbox
-from problems.api import MAX_SCORE, Evaluation, Infeasible
+from problems.api import MAX_SCORE, Call, Evaluation, Infeasible
 from problems.equation_discovery import (
     DATA,
     MAXITER,
@@ -96,17 +97,31 @@ def test_the_data_travel_with_the_installed_package() -> None:
     assert sorted(p.name for p in DATA.glob("*.npz")) == sorted(f"{k}.npz" for k in SPECS)
 
 
-def test_the_sandbox_gets_no_test_target() -> None:
+def test_no_process_that_predicts_holds_a_target() -> None:
+    """The fit gets the training set only; the predictions' process gets the ten constants and
+    the inputs, and no array that holds or shares memory with a target of any split."""
     for key in SPECS:
-        (call,) = EquationDiscovery(key).calls()
+        problem = EquationDiscovery(key)
+        (fit,) = problem.calls()
         data = dataset(key)
-        train_inputs, train_target, id_inputs, ood_inputs, maxiter = call.args
+        train_inputs, train_target, maxiter = fit.args
         assert train_inputs is data["train"].inputs and train_target is data["train"].target
-        assert id_inputs is data["test_id"].inputs and ood_inputs is data["test_ood"].inputs
-        assert maxiter == MAXITER
-        for split in ("test_id", "test_ood"):
+        assert maxiter == MAXITER and fit.entry == "_vpo_ed_fit"
+        answer = {"params": np.linspace(0, 1, 10), "training_mse": 1.0}
+        predict = problem.follow_up(fit, answer, problem.seed_program)
+        assert predict is not None and predict.entry == "_vpo_ed_predict"
+        params, *inputs = predict.args
+        assert np.array_equal(params, answer["params"])
+        assert [a is data[s].inputs for a, s in zip(inputs, SPLITS, strict=True)] == [True] * 3
+        for split in SPLITS:
             target = data[split].target
-            assert not any(np.shares_memory(target, a) for a in call.args[:4])
+            arrays = (*fit.args[:1], *predict.args) if split != "train" else predict.args
+            for array in arrays:
+                assert not np.shares_memory(target, array)
+                assert not np.isin(target[:5], array).any()
+
+
+SPLITS = ("train", "test_id", "test_ood")
 
 
 # --- names, statement, objectives ---------------------------------------------------------------
@@ -173,26 +188,31 @@ def test_log_scale_is_finite_and_never_rewards_a_worse_fit(a: float, b: float) -
 # --- the trusted scorer, on returned data -------------------------------------------------------
 
 
-def answer(key: str, test_id: object = None, test_ood: object = None, used: object = 3) -> dict:
-    data = dataset(key)
-    return {
-        "test_id": data["test_id"].target.copy() if test_id is None else test_id,
-        "test_ood": data["test_ood"].target.copy() if test_ood is None else test_ood,
-        "params_used": used,
-    }
+def predicted(
+    problem: EquationDiscovery, code: str | None = None, mse: float | None = None, **splits: object
+) -> tuple[Call, dict]:
+    """The predict call after a fit that reported `mse` (by default what the training
+    predictions give), and the predictions: each split's own targets unless given."""
+    data = dataset(problem.spec.key)
+    value = {s: splits.get(s, data[s].target.copy()) for s in SPLITS}
+    if mse is None:
+        mse = float(np.mean((np.asarray(value["train"]) - data["train"].target) ** 2))
+    fit = {"params": np.ones(10), "training_mse": mse}
+    call = problem.follow_up(problem.calls()[0], fit, code or problem.seed_program)
+    assert call is not None
+    return call, value
 
 
 def test_scorer_computes_nmse_from_its_own_targets() -> None:
     problem = EquationDiscovery("oscillator1")
-    (call,) = problem.calls()
-    assert problem.score(call, answer("oscillator1")) == {
+    assert problem.score(*predicted(problem)) == {
         "fit_id": 0.0,
         "fit_ood": 0.0,
-        "simplicity": 0.7,
+        "simplicity": 10 / 17,  # the seed: 4 operators and 3 params
     }
     data = dataset("oscillator1")
     mean_id = np.full(10000, data["test_id"].target.mean())
-    raw = problem.score(call, answer("oscillator1", test_id=mean_id))
+    raw = problem.score(*predicted(problem, test_id=mean_id))
     assert raw["fit_id"] == pytest.approx(1.0)  # predicting the mean: NMSE 1
     assert raw["simplicity"] == 0.0  # no fit, no simplicity
 
@@ -201,12 +221,46 @@ def test_simplicity_needs_a_fit_that_halves_the_error_of_the_mean_and_the_seed()
     # stressstrain's seed is worse than predicting the mean (NMSE 2.60), so a constant
     # (NMSE ~1) beats it; it still gets no simplicity.
     problem = EquationDiscovery("stressstrain")
-    (call,) = problem.calls()
     train_mean = dataset("stressstrain")["train"].target.mean()
-    constant = np.full(1442, train_mean)
-    raw = problem.score(call, answer("stressstrain", test_id=constant, used=1))
+    constant = HEADER.replace("x, v", "strain, temp") + "    return params[0] + 0 * strain\n"
+    raw = problem.score(*predicted(problem, constant, test_id=np.full(1442, train_mean)))
     assert 0.9 < raw["fit_id"] < 1.2 and raw["simplicity"] == 0.0
     assert problem.objective("fit_id").normalise(raw["fit_id"]) < 0.05
+
+
+def test_a_fit_the_fresh_process_does_not_reproduce_is_refused() -> None:
+    """The fit reports its training error; the predictions made from its constants in another
+    process must give the same (to rounding), or the fit is not the equation scored."""
+    problem = EquationDiscovery("oscillator1")
+    train = dataset("oscillator1")["train"].target
+    close = problem.score(*predicted(problem, mse=1e-15, train=train + 1e-8))
+    assert close["fit_id"] == 0.0  # NMSE 2e-14 against 2e-13: below 1e-12, accepted
+    with pytest.raises(Infeasible, match="reported a training NMSE of 0, but .* gives 0.0"):
+        problem.score(*predicted(problem, mse=0.0, train=train + 0.01))
+
+
+@pytest.mark.parametrize(
+    "answer,words",
+    [
+        ({"params": np.ones(10)}, "not {params, training_mse}"),
+        ({"params": np.ones(10), "training_mse": 0.0, "x": 1}, "not {params, training_mse}"),
+        ({"params": np.ones(9), "training_mse": 0.0}, "params as 10 finite floats"),
+        ({"params": np.ones(10000), "training_mse": 0.0}, "params as 10 finite floats"),
+        ({"params": np.ones((2, 5)), "training_mse": 0.0}, "params as 10 finite floats"),
+        ({"params": [1.0] * 10, "training_mse": 0.0}, "params as 10 finite floats"),
+        ({"params": np.ones(10, dtype=np.int64), "training_mse": 0.0}, "10 finite floats"),
+        ({"params": np.full(10, np.nan), "training_mse": 0.0}, "params as 10 finite floats"),
+        ({"params": np.full(10, np.inf), "training_mse": 0.0}, "params as 10 finite floats"),
+        ({"params": np.ones(10), "training_mse": -1.0}, "training_mse must be a finite"),
+        ({"params": np.ones(10), "training_mse": math.nan}, "training_mse must be a finite"),
+        ({"params": np.ones(10), "training_mse": "0"}, "training_mse must be a finite"),
+    ],
+)
+def test_a_fit_that_is_not_ten_constants_is_refused(answer: dict, words: str) -> None:
+    problem = EquationDiscovery("oscillator1")
+    with pytest.raises(Infeasible) as info:
+        problem.follow_up(problem.calls()[0], answer, problem.seed_program)
+    assert words in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -215,18 +269,25 @@ def test_simplicity_needs_a_fit_that_halves_the_error_of_the_mean_and_the_seed()
         ({"test_id": [0.0] * 10000}, "expected an array of 10000 float predictions"),
         ({"test_id": np.zeros(10000, dtype=np.int64)}, "float predictions"),
         ({"test_ood": np.zeros(9999)}, "expected 10000 predictions, got shape (9999,)"),
+        ({"train": np.zeros(9999)}, "train: expected 10000 predictions, got shape (9999,)"),
         ({"test_id": np.full(10000, np.nan)}, "10000 of 10000 predictions are not finite"),
         ({"test_ood": np.full(10000, 1e300)}, "squared error overflows"),
-        ({"params_used": True}, "params_used must be a whole number"),
-        ({"params_used": 11}, "params_used must be a whole number"),
-        ({"extra": 1}, "not {test_id, test_ood, params_used}"),
+        ({"extra": 1}, "not {train, test_id, test_ood}"),
     ],
 )
 def test_scorer_refuses_data_that_is_not_a_prediction(change: dict, words: str) -> None:
     problem = EquationDiscovery("oscillator1")
+    call, value = predicted(problem, mse=0.0)
     with pytest.raises(Infeasible) as info:
-        problem.score(problem.calls()[0], {**answer("oscillator1"), **change})
+        problem.score(call, {**value, **change})
     assert words in str(info.value)
+
+
+def test_the_fits_own_answer_is_never_scored() -> None:
+    problem = EquationDiscovery("oscillator1")
+    call, value = predicted(problem)
+    with pytest.raises(Infeasible, match="only the predictions of a fresh process are scored"):
+        problem.score(problem.calls()[0], value)
 
 
 # --- through the real sandbox -------------------------------------------------------------------
@@ -249,8 +310,10 @@ def test_a_better_equation_scores_well_above_the_seed(sandbox: Sandbox) -> None:
     assert evaluation.status == "ok", evaluation.reason
     assert evaluation.raw["fit_id"] < 1e-5 and evaluation.raw["fit_ood"] < 0.05
     assert evaluation.scores["fit_id"] > 0.7 and evaluation.scores["fit_ood"] > 0.35
-    assert evaluation.scores["simplicity"] == 0.6  # four of the ten constants matter
+    # 10 operators (5 products, 2 powers, 3 sums), 2 literals (the exponents), 4 params
+    assert evaluation.scores["simplicity"] == 10 / (10 + 16)
     assert "fitted params: [" in evaluation.artifacts["fit"]["stdout"]
+    assert evaluation.artifacts["predict"]["stdout"] == ""
 
 
 def test_numpy_is_there_as_np_as_the_statement_says(sandbox: Sandbox) -> None:
@@ -275,7 +338,7 @@ def test_vpo_eval_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["status"] == "ok" and result["reason"] is None
-    assert result["scores"]["fit_id"] > 0.7 and result["scores"]["simplicity"] == 0.6
+    assert result["scores"]["fit_id"] > 0.7 and result["scores"]["simplicity"] == 10 / 26
     assert result["raw"]["fit_id"] < 1e-5
 
 
@@ -302,52 +365,26 @@ HOSTILE = {
     "no equation": ("equation = 3\n", "the program defines no function `equation`"),
     "opening the data": (
         HEADER + f"    open({NPZ!r}, 'rb').read()\n    return params[0] * x\n",
-        "may not open files during the fit",
+        "FileNotFoundError",
     ),
     "np.load of the data": (
         HEADER + f"    np.load({NPZ!r})\n    return params[0] * x\n",
-        "may not open files during the fit",
+        "FileNotFoundError",
     ),
     "importing the problem": (
         HEADER + "    import problems.equation_discovery\n    return params[0] * x\n",
-        "may not import the harness's package 'problems.equation_discovery'",
+        "No module named 'problems'",
     ),
-    "the driver's frames": (
-        HEADER + "    import inspect\n    inspect.currentframe().f_back.f_locals\n"
-        "    return params[0] * x\n",
-        "may not inspect the driver's frames",
-    ),
-    "the garbage collector": (
-        HEADER + "    import gc\n    gc.get_objects()\n    return params[0] * x\n",
-        "may not search the process's objects",
-    ),
-    "a subprocess": (
-        HEADER + "    import subprocess\n    subprocess.run(['cat', 'data.npz'])\n"
-        "    return params[0] * x\n",
-        "may not start a process",
-    ),
-    "np.mean patched": (
-        "import numpy as np\n\nnp.mean = lambda *a, **k: 0.0\n\n\n" + SEED_FIT,
-        "the program replaced numpy.mean",
-    ),
-    "minimize patched": (
+    "params of another length from a patched minimize": (
         "import numpy as np\nimport scipy.optimize\n\n\n"
         "def fake(fun, x0, **options):\n"
-        "    return scipy.optimize.OptimizeResult(x=np.array(x0), fun=0.0, nit=0)\n\n\n"
+        "    return scipy.optimize.OptimizeResult(x=np.ones(11), fun=0.0, nit=0)\n\n\n"
         "scipy.optimize.minimize = fake\n\n\n" + SEED_FIT,
-        "the program replaced scipy.optimize.minimize",
+        "params as 10 finite floats",
     ),
-    "np.mean patched during the fit": (
-        HEADER + "    np.mean = lambda *a, **k: 0.0\n    return params[0] * x\n",
-        "the equation replaced numpy.mean",
-    ),
-    "a trace function": (
-        "import sys\n\nsys.settrace(lambda frame, event, arg: None)\n\n\n" + SEED_FIT,
-        "the program installed a trace or profile function",
-    ),
-    "a builtin redefined": (
-        "def len(x):\n    return 0\n\n\n" + SEED_FIT,
-        "the program redefines the builtin 'len'",
+    "random predictions": (
+        HEADER + "    return params[0] * x + np.random.default_rng().normal(size=len(x))\n",
+        "it must compute the same values in both",
     ),
 }
 

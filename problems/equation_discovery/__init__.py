@@ -1,12 +1,23 @@
 """Equation discovery on LLM-SR's four problems (Shojaee et al., ICLR 2025, arXiv 2404.18400).
 
 The candidate writes an equation skeleton, `equation(<inputs>, params)`, whose ten constants
-`params` a trusted driver fits in the sandbox as LLM-SR does (scipy BFGS from ten ones on the
-training MSE, here at most MAXITER iterations). The driver returns the fitted equation's
-predictions on the inputs of the two test sets; the test targets are never sent to the sandbox,
-and `score` computes the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), on each here. Nor can
-a program read them from disk: the sandbox hides data/ (the problem's `private_paths`) and the
-project's packages from it; what it can still reach is in driver.py.
+`params` are fitted as LLM-SR fits them (scipy BFGS from ten ones on the training MSE, here at
+most MAXITER iterations). The scores cannot be faked by construction, not by a list of refused
+tricks: no process that holds a target value produces the predictions that are scored.
+1. The fit runs in one sandboxed process, which receives the training inputs and targets (never
+   a test input or target) and returns only the ten constants and the training MSE it reached;
+   the constants must be ten finite numbers.
+2. A fresh sandboxed process receives those constants and the inputs of the training set and
+   both test sets, never a target, and returns the equation's predictions on them. Nothing else
+   crosses between the two processes: each has its own /tmp, /dev/shm and IPC namespace, its
+   environment is the sandbox's, and the first has ended before the second starts.
+3. Here, in the trusted process, the training error is recomputed from the fresh predictions
+   and must be the one the fit reported (a program that computes something else once fitted is
+   refused), and the NMSE, sum((yhat - y)^2) / sum((y - mean y)^2), is computed on each test
+   set. A program cannot read a target from disk either: the sandbox hides data/ (the problem's
+   `private_paths`) and the project's packages from both processes.
+What a fit can pass on is its ten constants: at most 640 bits, the capacity of the skeleton's
+constants themselves, which is what the statement allows.
 
 Problems (`equation_discovery:NAME`; bare `equation_discovery` is oscillator1):
 - oscillator1: acceleration a(x, v) of a damped nonlinear oscillator with a driving force;
@@ -22,10 +33,10 @@ Reward vector:
   gives a policy a signal to learn from before the seed is beaten. NMSE spans eight orders of
   magnitude across methods, so a ratio would give nothing to everything but the best. Beating
   LLM-SR scores above 1.
-- simplicity: 1 - k / 10, k = the entries of params the fitted equation depends on (each, nudged
-  on its own by 0.1% of its value, at least 0.001, changes some training prediction); 0 unless
-  the in-domain NMSE is at most half of the seed's (or of 1 where the seed does worse), so
-  `params[0] + 0 * x` cannot win it.
+- simplicity: HALF / (HALF + size) (problems/equation_discovery/size.py), size = operators +
+  literals + parameters read from the program's syntax tree here, never from running it; a
+  literal costs what a fitted constant costs. 0 unless the in-domain NMSE is at most half of the
+  seed's (or of 1 where the seed does worse), so `params[0] + 0 * x` cannot win it.
 
 Data: LLM-SR's CSVs (github.com/deep-symbolic-mathematics/LLM-SR, data/, MIT licence in
 data/LICENSE), stored as float64 arrays in data/<problem>.npz by scripts/llm_sr_data.py.
@@ -43,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from problems.api import MAX_SCORE, Anchor, Call, Infeasible, Objective, Problem
+from problems.equation_discovery import size as equation_size
 
 DATA = Path(__file__).parent / "data"
 DRIVER = (Path(__file__).parent / "driver.py").read_text()
@@ -56,6 +68,9 @@ MAXITER = 200
 TIME_LIMIT = 30.0  # seconds for the whole call: scipy's import, the fit, the predictions
 # An NMSE below this counts as this, so an exact equation scores a finite amount (about 3).
 NMSE_FLOOR = 1e-20
+# How far the training NMSE recomputed from the fresh process's predictions may lie from the
+# fit's own (relative, plus an absolute part for fits near exact): rounding, not another equation.
+REPRODUCED = (1e-6, 1e-12)
 
 SOURCE_LLMSR = (
     "LLM-SR, Shojaee et al., ICLR 2025, arXiv 2404.18400 ({backbone}), NMSE as reprinted in"
@@ -188,16 +203,18 @@ equation, a skeleton with params[0] ... params[{last}] where its constants belon
 do not use are ignored. Think about the physical meaning of the variables: the starting
 equation is linear, and the real one has terms it misses (powers, products of the inputs,
 exponentials, trigonometric or rational terms). numpy is available
-as np (import what you use). The whole fit runs in its own process with a time limit of
-{limit:g} seconds and evaluates the equation on {rows:,} rows some thousands of times, so keep
-it vectorised; reading files, inspecting frames and starting processes are refused.
+as np (import what you use). The fit runs in its own process with a time limit of {limit:g}
+seconds and evaluates the equation on {rows:,} rows some thousands of times, so keep it
+vectorised. The predictions are then made in a fresh process from the fitted params alone, so
+`equation` must compute the same values there as during the fit.
 
 The fitted equation is then scored on held-out data by its normalised mean squared error,
 NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2), lower is better:
 - fit_id: NMSE on test points from the training region;
 - fit_ood: NMSE on test points outside it, {ood};
-- simplicity: 1 - k/{nparams}, where k is the number of entries of params the fitted equation
-  depends on; it counts only when the in-domain NMSE is at most {gate:.3g}, else it is 0.
+- simplicity: {half}/({half} + size), where size counts the operators, function calls, literal
+  constants and entries of params the program uses (a written constant costs what a fitted one
+  does); it counts only when the in-domain NMSE is at most {gate:.3g}, else it is 0.
 Fit scores are logarithmic in the NMSE: 0 at 1 (what predicting the mean scores) or worse;
 the starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain); 1 at
 {best_id:.3g} and {best_ood:.3g}, the best published results; above 1 beats them. Every
@@ -288,10 +305,13 @@ def nmse(predictions: Any, target: np.ndarray, split: str) -> float:
     return error / float(np.sum((target - target.mean()) ** 2))
 
 
+OBJECTIVES = ("fit_id", "fit_ood", "simplicity")
+
+
 class EquationDiscovery(Problem):
     entry = "equation"
     driver = DRIVER
-    driver_entry = "_vpo_equation_discovery"
+    driver_entry = "_vpo_ed_fit"  # then `_vpo_ed_predict`, in a fresh process (`follow_up`)
     time_limit = TIME_LIMIT
     edits = False  # an equation is a few lines: complete programs only (see Problem.edits)
 
@@ -312,9 +332,10 @@ class EquationDiscovery(Problem):
                 "simplicity",
                 "max",
                 1.0,
-                "by definition: an equation with no fitted constant",
-                f"1 - (params the fitted equation depends on) / {NPARAMS}, when the in-domain"
-                f" NMSE is at most {self.simplicity_gate:.3g}, else 0",
+                "by definition: an equation of size 0 (an input returned as it is)",
+                f"{equation_size.HALF} / ({equation_size.HALF} + operators + literals +"
+                f" params used), when the in-domain NMSE is at most {self.simplicity_gate:.3g},"
+                " else 0",
             ),
         )
         names = [name for name, _ in spec.inputs]
@@ -325,6 +346,7 @@ class EquationDiscovery(Problem):
             arguments="\n".join(f"    {name}: {meaning}" for name, meaning in spec.inputs),
             target=spec.target,
             nparams=NPARAMS,
+            half=equation_size.HALF,
             last=NPARAMS - 1,
             maxiter=MAXITER,
             limit=TIME_LIMIT,
@@ -341,28 +363,64 @@ class EquationDiscovery(Problem):
         )
 
     def calls(self) -> tuple[Call, ...]:
+        train = dataset(self.spec.key)["train"]
+        args = (train.inputs, train.target, MAXITER)
+        return (Call("fit", args, OBJECTIVES, entry="_vpo_ed_fit"),)
+
+    def follow_up(self, call: Call, value: Any, code: str) -> Call | None:
+        """After the fit, the predictions: a fresh process gets the ten constants the fit
+        returned and every split's inputs, never a target."""
+        if call.key != "fit":
+            return None
+        if not isinstance(value, dict) or set(value) != {"params", "training_mse"}:
+            raise Infeasible("the fit's answer is not {params, training_mse}")
+        params = value["params"]
+        if (
+            not isinstance(params, np.ndarray)
+            or params.dtype.kind != "f"
+            or params.shape != (NPARAMS,)
+            or not np.isfinite(params).all()
+        ):
+            raise Infeasible(f"the fit must return params as {NPARAMS} finite floats")
+        mse = value["training_mse"]
+        if type(mse) is not float or not math.isfinite(mse) or mse < 0:
+            raise Infeasible("the fit's training_mse must be a finite number >= 0")
         data = dataset(self.spec.key)
-        train = data["train"]
-        args = (
-            train.inputs,
-            train.target,
-            data["test_id"].inputs,
-            data["test_ood"].inputs,
-            MAXITER,
-        )
-        return (Call("fit", args, ("fit_id", "fit_ood", "simplicity")),)
+        inputs = (data["train"].inputs, data["test_id"].inputs, data["test_ood"].inputs)
+        fitted = Fitted(mse, equation_size.size(code, self.entry))
+        args = (params.astype(np.float64), *inputs)
+        return Call("predict", args, OBJECTIVES, entry="_vpo_ed_predict", context=fitted)
 
     def score(self, call: Call, value: Any) -> Mapping[str, float]:
-        if not isinstance(value, dict) or set(value) != {"test_id", "test_ood", "params_used"}:
-            raise Infeasible("the driver's answer is not {test_id, test_ood, params_used}")
+        fitted = call.context
+        if call.key != "predict" or not isinstance(fitted, Fitted):
+            raise Infeasible("only the predictions of a fresh process are scored")
+        if not isinstance(value, dict) or set(value) != {"train", "test_id", "test_ood"}:
+            raise Infeasible("the predictions are not {train, test_id, test_ood}")
         data = dataset(self.spec.key)
+        train = data["train"].target
+        nmse_train = nmse(value["train"], train, "train")
+        claimed = fitted.training_mse * len(train) / float(np.sum((train - train.mean()) ** 2))
+        relative, absolute = REPRODUCED
+        if not math.isclose(nmse_train, claimed, rel_tol=relative, abs_tol=absolute):
+            raise Infeasible(
+                f"the fit reported a training NMSE of {claimed:.6g}, but the equation with those"
+                f" params gives {nmse_train:.6g} in a fresh process; it must compute the same"
+                " values in both"
+            )
         nmse_id = nmse(value["test_id"], data["test_id"].target, "test_id")
         nmse_ood = nmse(value["test_ood"], data["test_ood"].target, "test_ood")
-        used = value["params_used"]
-        if type(used) is not int or not 0 <= used <= NPARAMS:
-            raise Infeasible(f"params_used must be a whole number from 0 to {NPARAMS}")
-        simplicity = (NPARAMS - used) / NPARAMS if nmse_id <= self.simplicity_gate else 0.0
-        return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simplicity}
+        simple = equation_size.simplicity(fitted.size) if nmse_id <= self.simplicity_gate else 0.0
+        return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simple}
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What the scorer keeps of a fit while a fresh process predicts: the training MSE it
+    reported and the program's size (None where its text has none)."""
+
+    training_mse: float
+    size: int | None
 
 
 def make_problem(argument: str | None = None) -> Problem:
