@@ -31,6 +31,7 @@ from problems.equation_discovery import (
     LogFit,
     dataset,
 )
+from problems.equation_discovery import size as equation_size
 from problems.registry import ProblemLoadError, load
 
 ROOT = Path(__file__).parents[1]
@@ -288,6 +289,63 @@ def test_the_fits_own_answer_is_never_scored() -> None:
     call, value = predicted(problem)
     with pytest.raises(Infeasible, match="only the predictions of a fresh process are scored"):
         problem.score(problem.calls()[0], value)
+
+
+# --- simplicity, from the syntax tree -----------------------------------------------------------
+
+
+def eq(body: str, before: str = "") -> str:
+    return f"import numpy as np\n{before}\n\ndef equation(x, v, params):\n    {body}\n"
+
+
+@pytest.mark.parametrize(
+    "code,expected",
+    [
+        (SEED_FIT, 7),  # 2 products, 2 sums, 3 params
+        (BETTER, 16),
+        (eq("return x"), 0),
+        (eq('"""A docstring, free."""\n    return x'), 0),
+        (eq("return params[0] * x + 1.5 * v"), 5),  # a literal costs what a param costs
+        (eq("return params[0] * x + params[1] * v"), 5),
+        (eq("return -1.5 * x"), 2),  # a negative number is one literal
+        (eq("return params[-1] * x + params[9] * v"), 4),  # params[-1] is params[9]
+        (eq("return params[0] * x + params[0] * v"), 4),  # one param, used twice
+        (eq("a, b = params[2:4]\n    return a * x + b"), 4),  # 2 params, 2 operators
+        (eq("return np.sin(params[0] * x)"), 3),  # a call, a product, a param
+        (eq("return np.polyval(params, x)"), 11),  # the bare vector: all ten
+        (eq("i = 3\n    return params[i] * x"), 12),  # a computed index: all ten
+        (eq("return params[10] * x"), 11),  # out of range: all ten
+        (eq("return params[0] * x if x.sum() > 0 else v"), 6),
+        (eq("return helper(x)", "def helper(x):\n    return 2.0 * x"), 3),
+        (eq("return x", "def unused(x):\n    return 2.0 * x + 3.0"), 4),  # costs, called or not
+        (eq("return x", "K = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]"), 10),
+        (eq("return x", "if __name__ == 'main':\n    pass"), 5),
+        ("def equation(x, v, p):\n    return p[0] * x + p[1]\n", 4),  # any name for params
+        (eq("return eval('params[0] * x')"), 1 + len("params[0] * x")),  # text costs its length
+    ],
+)
+def test_size_counts_operators_literals_and_params(code: str, expected: int) -> None:
+    assert equation_size.size(code) == expected
+
+
+def test_code_hidden_in_text_costs_more_than_written_out() -> None:
+    written = eq("return params[0] * x * np.exp(params[1] * v)")
+    hidden = eq("return eval('params[0] * x * np.exp(params[1] * v)')")
+    packed = eq("return pickle.loads(" + repr(b"\x80" * 40) + ")(x)")
+    assert equation_size.size(written) < equation_size.size(hidden)
+    assert equation_size.size(packed) > 40
+
+
+@pytest.mark.parametrize("code", ["def equation(:", "x = 1\n", "equation = lambda x, v, p: x\n"])
+def test_no_size_scores_no_simplicity(code: str) -> None:
+    assert equation_size.size(code) is None and equation_size.simplicity(None) == 0.0
+
+
+@given(st.integers(0, 10**6), st.integers(0, 10**6))
+def test_simplicity_is_in_0_1_and_smaller_scores_more(a: int, b: int) -> None:
+    small, large = sorted((a, b))
+    assert 0 < equation_size.simplicity(large) <= equation_size.simplicity(small) <= 1
+    assert equation_size.simplicity(0) == 1.0 and equation_size.simplicity(10) == 0.5
 
 
 # --- through the real sandbox -------------------------------------------------------------------
