@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from problems.api import MAX_SCORE, Call, Objective, combine, record_note
+from problems.api import MAX_SCORE, Call, Infeasible, Objective, Problem, combine, record_note
 from problems.circle_packing import CirclePacking
 from problems.registry import ProblemLoadError, available, load
 
@@ -179,3 +179,69 @@ def test_the_suite_is_installed_and_every_seed_evaluates_ok() -> None:
             evaluation = evaluate(problem, problem.seed_program, sandbox)
             assert evaluation.status == "ok", f"{name}: {evaluation.reason}"
             assert all(0.0 <= v <= 1.0 for v in evaluation.scores.values())
+
+
+class TwoStages(Problem):
+    """The first stage keeps a secret in its process and hands on a number; the second, a fresh
+    process, gets only that number. `stages` more than MAX_STAGES loops for ever."""
+
+    name = "two stages"
+    description = "stages"
+    seed_program = ""
+    entry = "first"
+    objectives = (Objective("value", "max", 1.0, "by definition"),)
+
+    def __init__(self, stages: int = 2) -> None:
+        self.stages = stages
+
+    def calls(self) -> tuple[Call, ...]:
+        return (Call("main", (41,), ("value",), context=1),)
+
+    def follow_up(self, call: Call, value: object, code: str) -> Call | None:
+        if value == "refuse":
+            raise Infeasible("the first stage refused")
+        if call.context >= self.stages:
+            return None
+        return Call("next", (value,), ("value",), entry="second", context=call.context + 1)
+
+    def score(self, call: Call, value: object) -> dict[str, float]:
+        return {"value": float(value) if call.key == "next" else -1.0}
+
+
+STAGES = """
+import os
+SECRET = []
+
+
+def first(n):
+    SECRET.append(n)
+    os.environ["SECRET"] = str(n)
+    with open("/tmp/secret", "w") as out:
+        out.write(str(n))
+    print("first")
+    return n + 1
+
+
+def second(n):
+    found = [SECRET, os.environ.get("SECRET"), os.path.exists("/tmp/secret")]
+    print("second", found)
+    return n + 100 * (found != [[], None, False])
+"""
+
+
+def test_a_follow_up_runs_in_a_fresh_process_and_only_its_value_is_scored() -> None:
+    from harness.evaluate import MAX_STAGES, evaluate_many
+    from harness.sandbox import Sandbox
+
+    refusing = STAGES.replace("return n + 1\n", "return 'refuse'\n")
+    with Sandbox(workers=2) as box:
+        chained, refused, endless = (
+            evaluate_many(TwoStages(), [STAGES, refusing], box)
+            + evaluate_many(TwoStages(stages=99), [STAGES], box)
+        )
+    assert chained.status == "ok" and chained.scores == {"value": 42.0}, chained
+    assert chained.artifacts["main"]["stdout"] == "first\n"
+    assert chained.artifacts["next"]["stdout"] == "second [[], None, False]\n"
+    assert refused.status == "invalid" and refused.reason == "main: the first stage refused"
+    assert endless.status == "error" and endless.scores == {"value": 0.0}
+    assert f"asked for more than {MAX_STAGES} stages" in (endless.reason or "")
