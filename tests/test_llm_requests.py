@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.llm import GenerationError, Sampling
+from harness.llm.base import UNMODELLED_OFF
 from harness.llm.openai_backend import (
     BACKOFF_CAP,
     RETRY_AFTER_CAP,
@@ -297,6 +298,43 @@ def test_count_tokens_estimates_elsewhere(endpoint: Endpoint, waits: list[float]
     endpoint.replies = [error(404, "Not Found")]
     assert generator.count_tokens(messages) == generator.count_tokens(messages) == 18
     assert len(endpoint.requests) == 1
+
+
+def test_a_vllm_server_is_sent_every_sampling_knob_the_trainer_does_not_model_off(
+    endpoint: Endpoint, waits: list[float]
+) -> None:
+    """A field left out is filled in from the model's generation_config.json (Qwen2.5: top_k 20,
+    repetition_penalty 1.05), and the trainer's ratio would be off on every token."""
+    endpoint.models = [{"id": "m", "owned_by": "vllm"}]
+    client(endpoint, waits).generate([PROMPT], 1, Sampling(temperature=0.7, top_p=0.9))
+    (_, body), *_ = endpoint.requests
+    assert body["temperature"] == 0.7 and body["top_p"] == 0.9
+    assert {knob: body[knob] for knob in UNMODELLED_OFF} == {
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+    }
+
+
+def test_another_server_gets_only_the_knobs_of_openais_api(
+    endpoint: Endpoint, waits: list[float]
+) -> None:
+    client(endpoint, waits).generate([PROMPT], 1, Sampling())  # owned_by "x": not vLLM
+    (_, body), *_ = endpoint.requests
+    assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
+    assert not {"top_k", "min_p", "repetition_penalty"} & set(body)
+
+
+def test_extra_body_still_sets_a_knob(endpoint: Endpoint, waits: list[float]) -> None:
+    """What a user asks for in extra_body is sent (the trainer's fresh-gap guard then sees a
+    sampler it does not model)."""
+    endpoint.models = [{"id": "m", "owned_by": "vllm"}]
+    generator = client(endpoint, waits, extra_body={"repetition_penalty": 1.05})
+    generator.generate([PROMPT], 1, Sampling())
+    (_, body), *_ = endpoint.requests
+    assert body["repetition_penalty"] == 1.05 and body["top_k"] == -1
 
 
 def test_is_not_in_process() -> None:

@@ -28,6 +28,21 @@ class GenerationError(Exception):
         self.permanent = permanent
 
 
+# Every sampling knob besides temperature and top-p, switched off: what the trainer's PPO ratio
+# models is softmax(logits / T) cut to the top-p nucleus, nothing else. A knob a request leaves
+# unset is filled in by vLLM (`vllm serve`, and `vllm.LLM` when it builds the parameters) from
+# the model's generation_config.json (Qwen2.5 Instruct: top_k 20, repetition_penalty 1.05): the
+# sampler then draws from, and reports log-probs of, a distribution the trainer never computes.
+# top_k -1 is "off" in every vLLM version (0 is too in recent ones; older ones refuse it).
+UNMODELLED_OFF: dict[str, float] = {
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 0.8  # 0 samples greedily

@@ -3,7 +3,12 @@
 The key is read from an environment variable at start-up and kept only in the HTTP client's
 headers; it is never written anywhere. Token ids come back only from vLLM servers (which are
 asked for them); log-probs come back where the server gives them. For the sampling log-probs an
-RL step needs, start vLLM with `--logprobs-mode processed_logprobs`.
+RL step needs, start vLLM with the flags in SERVER_FLAGS (docs/scale.md's recipe): log-probs of
+the distribution each token was drawn from, and no sampling defaults from the model's
+generation_config.json. Each request also sets every sampling knob the trainer does not model
+to off (`UNMODELLED_OFF`: top_k, min_p and the penalties; a server that is not vLLM gets only
+the penalties, the fields of OpenAI's own API), so a server started otherwise samples right
+too. `extra_body` can still set them, and then the trainer's fresh-gap guard sees the mismatch.
 
 A vLLM server started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` also
 takes LoRA adapters at run time (`load_weights`, `load_adapter`): each policy version of a
@@ -32,6 +37,7 @@ import httpx
 
 from harness.errors import Unreachable, UserError
 from harness.llm.base import (
+    UNMODELLED_OFF,
     Completion,
     GenerationError,
     Message,
@@ -51,6 +57,14 @@ _TOO_LONG = re.compile(
     r"|prompt is too long",
     re.IGNORECASE,
 )
+# What `vllm serve` needs beside its model, GPUs and LoRA flags so that the log-probs it returns
+# are those of the distribution the trainer models (docs/scale.md's recipe has them, and
+# tests/test_server_sampling.py runs that recipe): each sampled token's log-prob after
+# temperature and top-p (the default, raw_logprobs, is of the untempered, uncut model), and
+# neutral sampling defaults instead of the model's generation_config.json.
+SERVER_FLAGS = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm")
+# The knobs of UNMODELLED_OFF that OpenAI's own API takes; the others are vLLM's.
+OPENAI_KNOBS = ("presence_penalty", "frequency_penalty")
 CHARS_PER_TOKEN = 3  # the estimate where no tokenizer can be asked; errs towards more tokens
 TOKENS_PER_MESSAGE = 4  # role markers and separators a chat template adds to each message
 
@@ -209,6 +223,13 @@ class OpenAIGenerator:
                 "top_p": sampling.top_p,
                 "max_tokens": sampling.max_tokens,
             }
+            # A knob left out is filled in from the model's generation_config.json by a server
+            # started without `--generation-config vllm`: set them all off.
+            body.update(
+                UNMODELLED_OFF
+                if self.server == "vllm"
+                else {knob: UNMODELLED_OFF[knob] for knob in OPENAI_KNOBS}
+            )
             if sampling.seed is not None:
                 body["seed"] = sampling.seed + len(completions)
             if self.logprobs:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.errors import UserError
 from harness.llm.base import (
+    UNMODELLED_OFF,
     Completion,
     GenerationError,
     Message,
@@ -93,6 +94,9 @@ class VLLMGenerator:
             # The log-prob of the distribution each token was drawn from (temperature and top-p
             # applied), as the transformers backend reports and the trainer's ratio needs.
             "logprobs_mode": "processed_logprobs",
+            # No sampling defaults from the model's generation_config.json: `generate` sets
+            # every knob itself (UNMODELLED_OFF), this keeps any other path from using them.
+            "generation_config": "vllm",
             "enforce_eager": (not on_gpu) if enforce_eager is None else enforce_eager,
             "use_tqdm_on_load": False,  # a campaign prints its own progress
         }
@@ -176,6 +180,7 @@ class VLLMGenerator:
             seed=sampling.seed,  # vLLM gives the i-th of the n samples seed + i
             logprobs=0,  # only the sampled token's log-prob
             stop_token_ids=sorted(self.stops),
+            **UNMODELLED_OFF,
         )
         outputs = self.engine.generate(
             [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
