@@ -7,10 +7,23 @@ generator asks for the form it loads (`Generator.load_weights`): an in-process e
 weights (a LoRA version merged, in `step-NNNNNN-merged`), a server an adapter that it serves
 under the version's name (`campaign-step-NNNNNN`), a generator that wraps the trainer's own
 model nothing at all.
+
+The disk stays bounded (`prune_versions`, after each recorded step): the newest
+`keep_versions` versions stay, and those still in use: the newest, which a resume loads with its
+optimiser state, and, when versions leave the process (workers, a server), the one before it,
+which a worker may still be loading and a server still serves. A merged copy is written in the
+policy's compute dtype only when a generator loads whole weights, and removed once the
+trainer's own engine has loaded it, or, for workers, once two newer versions superseded it.
+A folder is removed by renaming it to a `.trash.` name first, so a kill mid-removal leaves no
+half of a version under a version's name; the next prune finishes the job.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,8 +34,14 @@ if TYPE_CHECKING:
     from harness.llm import Generator
     from trainer.policy import Policy
 
-# A server keeps the newest version and the one before it, for workers still sampling from it.
+# A server keeps the newest version and the one before it, for workers still sampling from it;
+# their folders (a server may reread an adapter it evicted) and merged copies stay on disk.
 ADAPTERS_KEPT = 2
+# What a versions folder holds, by name: a version, its merged copy, the staging folder of a
+# save (`.step-NNNNNN.XXXX`, trainer/policy.py) and a folder being removed.
+_VERSION = re.compile(r"step-(\d+)(-merged)?")
+_STAGING = re.compile(r"\.step-(\d+)(?:-merged)?\..+")
+_TRASH = ".trash."
 
 
 @dataclass(frozen=True)
@@ -43,7 +62,11 @@ class SavedVersion:
     def model_folder(self) -> str:
         merged = merged_folder(self.folder)
         if self.policy is not None:
-            return str(self.policy.save_merged(merged) if self.policy.config.lora else self.folder)
+            if not self.policy.config.lora:
+                return str(self.folder)
+            # In the dtype the engine computes in (bf16 where the hardware has it): half the
+            # bytes of the fp32 master weights, and nothing the engine would keep.
+            return str(self.policy.save_merged(merged, dtype=self.policy.autocast_dtype))
         if not (self.folder / "config.json").exists() and merged.exists():
             return str(merged)  # a LoRA version: the trainer also wrote it merged
         return str(self.folder)
@@ -76,9 +99,55 @@ def publish(
     beside it when `write_merged` (not when they all sample from a server)."""
     if generator is None:
         if policy.config.lora and write_merged:
-            policy.save_merged(merged_folder(folder))
+            policy.save_merged(merged_folder(folder), dtype=policy.autocast_dtype)
         return
     generator.load_weights(SavedVersion(folder, policy.step, campaign_name, policy))
+    # The engine holds the weights now; the merged copy it read from (if any) is spent.
+    remove_folder(merged_folder(folder))
+
+
+def prune_versions(folder: Path, newest: int, keep: int, *, shared: bool) -> list[str]:
+    """Remove from `folder` what no one needs once version `newest` is recorded: versions
+    older than the newest `keep` (0: none is removed) and not in use, merged copies not in
+    use, and what a killed save or removal left. `shared`: versions leave this process
+    (workers, a server), so the newest ADAPTERS_KEPT are in use. Versions are contiguous, so
+    the newest `keep` are the steps newest - keep + 1 .. newest; a folder of a later step is a
+    save not yet recorded, and stays. Returns the names removed."""
+    # Steps up to these may go: versions, and merged copies.
+    in_use = newest - (ADAPTERS_KEPT if shared else 1)
+    last_unneeded = min(newest - keep, in_use) if keep else 0
+    removed = []
+    for entry in _entries(folder):
+        name = entry.name
+        version, staging = _VERSION.fullmatch(name), _STAGING.fullmatch(name)
+        if version is not None:
+            step, merged = int(version[1]), version[2] is not None
+            stale = step <= (in_use if merged else last_unneeded)
+        else:
+            stale = name.startswith(_TRASH) or (staging is not None and int(staging[1]) <= newest)
+        if stale and entry.is_dir() and not entry.is_symlink():
+            remove_folder(entry)
+            removed.append(name)
+    return removed
+
+
+def remove_folder(folder: Path) -> None:
+    """Remove `folder` if it exists: renamed to a `.trash.` name at once (atomic), so a kill
+    leaves it under that name for the next `prune_versions`, never half a version under its
+    own; then deleted."""
+    trash = folder.with_name(f"{_TRASH}{folder.name}.{secrets.token_hex(4)}")
+    try:
+        os.replace(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _entries(folder: Path) -> list[Path]:
+    try:
+        return sorted(folder.iterdir())
+    except FileNotFoundError:
+        return []
 
 
 def serve_adapter(generator: Generator, campaign_name: str, step: int, folder: Path) -> None:

@@ -15,6 +15,9 @@ stored config); nothing is kept in a second place:
                   fewer than two groups (no span to measure)
     running     = the campaign's status is "running" and it wrote something in the last
                   max(`ACTIVE_S`, 3 x pace) seconds (a killed run keeps status "running")
+    skipped_steps = training steps that changed no weight and made no version (their events)
+    policy_bytes = the bytes in the folder of the newest policy version (the versions kept,
+                  merged copies, leftovers of a kill); None when it is not on this machine
 
 A span, not a median of gaps: with several iterations in flight, groups are stored in bursts
 (many gaps near zero, then one long one), so a median gap would say almost nothing.
@@ -22,24 +25,31 @@ A span, not a median of gaps: with several iterations in flight, groups are stor
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from harness import views
 from harness.db import utc_now
-from harness.records import CampaignRecord, EventRecord
+from harness.records import CampaignRecord, EventRecord, PolicyRecord
 from harness.store import Store
 
 # Groups the recent pace is measured over: a few batches of iterations in flight.
 PACE_WINDOW = 50
 # A campaign that wrote nothing for longer than this (or 3 iterations at its pace) is not running.
 ACTIVE_S = 300.0
+# A policy version's folder, as harness/publish.py names it (not imported: inspecting a
+# database stays below the campaign's code).
+_VERSION = re.compile(r"step-\d+")
 
 
 def report(store: Store, campaign: CampaignRecord, now: datetime | None = None) -> dict[str, Any]:
     """What `vpo status --json` prints: `views.summary_json`'s keys, each best value with the
-    iteration that found it, `progress`'s keys, and why candidates were rejected."""
+    iteration that found it, `progress`'s keys, the policy versions on disk, and why
+    candidates were rejected."""
     summary = views.summary_json(store, campaign.id)
     found = store.found_at([best["program_id"] for best in summary["best"].values()])
     for best in summary["best"].values():
@@ -49,6 +59,7 @@ def report(store: Store, campaign: CampaignRecord, now: datetime | None = None) 
     return {
         **summary,
         **progress(store, campaign, now),
+        **versions_on_disk(store.latest_policy(campaign.id)),
         "candidates": rejected.pop("candidates"),
         "rejections": rejected,
     }
@@ -78,6 +89,53 @@ def progress(store: Store, campaign: CampaignRecord, now: datetime | None = None
         **pace,
         "steps": len(policies),
         "last_step": dict(policies[-1].metrics) if policies else None,
+        **step_accounting(store, campaign.id),
+    }
+
+
+def versions_on_disk(latest: PolicyRecord | None) -> dict[str, Any]:
+    """The folder of the newest policy version, the versions it holds and its bytes (all of
+    its files, the versions' merged copies and a killed save's leftovers included); the counts
+    are None without a version, or when the folder is not on this machine (the trainer ran on
+    another, or its path is relative to another working folder)."""
+    unknown = {"policy_folder": None, "policy_versions_on_disk": None, "policy_bytes": None}
+    if latest is None:
+        return unknown
+    folder = Path(latest.path).parent
+    try:
+        with os.scandir(folder) as found:
+            entries = list(found)
+    except OSError:
+        return unknown
+    return {
+        "policy_folder": str(folder),
+        "policy_versions_on_disk": sum(
+            1 for entry in entries if _VERSION.fullmatch(entry.name) and entry.is_dir()
+        ),
+        "policy_bytes": sum(_bytes(entry) for entry in entries),
+    }
+
+
+def _bytes(entry: os.DirEntry[str]) -> int:
+    """The bytes of the files in `entry`, a file or a folder (links not followed)."""
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            with os.scandir(entry.path) as inside:
+                return sum(_bytes(child) for child in inside)
+        return entry.stat(follow_symlinks=False).st_size
+    except FileNotFoundError:  # removed while counted: a version pruned meanwhile
+        return 0
+
+
+def step_accounting(store: Store, campaign_id: int) -> dict[str, Any]:
+    """The training steps that changed no weight (each an event: `skipped_steps`, the last
+    one's metrics and reason in `last_skipped_step`) and the groups no step took yet
+    (`untrained_groups`: they wait for the next step, oldest first)."""
+    skipped = store.skipped_steps(campaign_id)
+    return {
+        "skipped_steps": len(skipped),
+        "last_skipped_step": skipped[-1] if skipped else None,
+        "untrained_groups": store.untrained_count(campaign_id),
     }
 
 

@@ -286,20 +286,26 @@ class Policy:
                 (staging / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
         return Path(folder)
 
-    def save_merged(self, folder: str | os.PathLike[str]) -> Path:
+    def save_merged(
+        self, folder: str | os.PathLike[str], *, dtype: torch.dtype | None = None
+    ) -> Path:
         """A plain Hugging Face model folder any backend loads (`vpo run --model DIR`): the
-        full weights, with a LoRA adapter merged in. Every process calls it; the main writes."""
+        full weights, with a LoRA adapter merged in, in `dtype` (default: the fp32 master
+        weights'). Every process calls it; the main writes."""
         sharded = self.parallel.sharding == "fsdp"
+        cast = dtype is not None and dtype != torch.float32
         weights = self._full_state_dict() if sharded else None
         with _atomic_folder(folder, self.parallel) as staging:
             if self.parallel.main:
                 model = self.model
                 if sharded:  # a whole copy on the main process, from the gathered weights
                     model = self._unsharded_copy(weights)
-                elif self.config.lora:
+                elif self.config.lora or cast:  # the trained model itself stays as it is
                     model = copy.deepcopy(self.model)
                 if self.config.lora:
                     model = model.merge_and_unload()
+                if cast:  # merged in fp32 first: the adapter's update is not rounded twice
+                    model = model.to(dtype)
                 model.save_pretrained(staging, safe_serialization=True)
                 self.tokenizer.save_pretrained(staging)
         return Path(folder)

@@ -190,9 +190,27 @@ def status_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     rows.append(("training steps", str(report["steps"])))
     if shown:
         rows.append((f"last step ({last.get('step', report['steps'])})", ", ".join(shown)))
+    if report.get("policy_bytes") is not None:
+        rows.append(
+            (
+                "policy versions on disk",
+                f"{report['policy_versions_on_disk']}, {size(report['policy_bytes'])} in "
+                f"{report['policy_folder']}",
+            )
+        )
     rejected = ", ".join(f"{name} {n}" for name, n in report["rejections"].items())
     rows.append((f"rejected of {report['candidates']} candidates", rejected))
     return rows
+
+
+def size(count: int) -> str:
+    """Bytes in the largest decimal unit with a whole part: 512 B, 41.2 MB, 1.9 GB."""
+    value, unit = float(count), "B"
+    for larger in ("kB", "MB", "GB", "TB"):
+        if value < 999.95:  # else it would round up to 1000.0
+            break
+        value, unit = value / 1000, larger
+    return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def duration(seconds: float) -> str:

@@ -1,0 +1,281 @@
+"""Policy versions on disk stay bounded: a long campaign keeps its newest `keep_versions` (and
+those in use), resumes after pruning with the newest version's optimiser state, survives a kill
+in the middle of a removal, and writes merged copies only for generators that load whole
+weights, in the compute dtype, removed once loaded or superseded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from harness import publish as publishing
+from harness import status
+from harness.campaign import run_campaign
+from harness.cli.render import size, status_rows
+from harness.config import KEEP_VERSIONS, CampaignConfig, build
+from harness.config_file import load_toml
+from harness.errors import UserError
+from harness.publish import merged_folder, prune_versions, publish, step_name
+from harness.store import Store
+from harness.training import follow
+from problems.api import Infeasible, Objective, Problem
+
+
+class Three(Problem):
+    """A statement of three words: the prompt, and so each step, stays short."""
+
+    name = "three"
+    description = "Return 3.0."
+    seed_program = "def answer():\n    return 1.0\n"
+    entry = "answer"
+    time_limit = 2.0
+    objectives = (Objective("closeness", "max", 1.0, "by definition"),)
+
+    def score(self, call: object, value: object) -> dict[str, float]:
+        if not isinstance(value, float):
+            raise Infeasible("not a float")
+        return {"closeness": 1.0 / (1.0 + abs(value - 3.0))}
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny tensors: a second thread only waits for the first on a busy machine (a step took
+    4-7 s on 2 threads against 0.5 s on one, with other tests running beside it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def settings(model: str, **extra: object) -> dict[str, object]:
+    """A LoRA campaign training one step per group, 8 groups sampled per generate call."""
+    return {
+        "problem": "three",
+        "model": model,
+        "backend": "transformers",
+        "group_size": 2,
+        "candidates": 1,
+        "max_tokens": 16,
+        "top_p": 1.0,
+        "drafts": 0,
+        "islands": 1,
+        "workers": 1,
+        "concurrency": 8,
+        "train_every": 1,
+        "lora": True,
+        "lora_rank": 2,
+        "learning_rate": 1e-3,
+        "kl_beta": 0.0,
+        "micro_batch": 1,
+        "skip_zero_advantage": False,  # the tiny model's groups are flat; steps still run
+        **extra,
+    }
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(entry.name for entry in folder.iterdir()) if folder.exists() else []
+
+
+def adam_steps(version: Path) -> set[int]:
+    """The optimiser steps AdamW counted in a saved version's state."""
+    import torch
+
+    state = torch.load(version / "optimizer.pt", weights_only=True)["state"]
+    return {int(moments["step"]) for moments in state.values()}
+
+
+def test_a_long_campaign_keeps_its_newest_versions_and_resumes(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    store = Store.open(tmp_path / "c.db")
+    folder = tmp_path / "c.policies" / "three"
+    seen: list[list[str]] = []
+    config = build(settings(tiny_model, iterations=56, keep_versions=3))
+    campaign_id = run_campaign(
+        config, store, Three(), on_progress=lambda *_: seen.append(listing(folder))
+    )
+    recorded = store.policies(campaign_id)
+    assert [p.step for p in recorded] == list(range(1, 57))
+    # After every iteration, between steps: at most the 3 newest versions, nothing else (the
+    # generator wraps the trainer's model: no merged copy, no version in use by another).
+    assert len(seen) >= 56 and max(map(len, seen)) == 3
+    assert all(
+        name.startswith("step-") and "merged" not in name for names in seen for name in names
+    )
+    assert listing(folder) == [step_name(s) for s in (54, 55, 56)]
+    # The database still lists every version; status counts what the disk holds.
+    report = status.report(store, store.get_campaign("three"))
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    assert report["policy_versions_on_disk"] == 3
+    assert report["policy_bytes"] == sum(f.stat().st_size for f in files) > 0
+    assert report["policy_folder"] == str(folder)
+    json.dumps(report)
+    rows = dict(status_rows(report))
+    assert rows["policy versions on disk"] == f"3, {size(report['policy_bytes'])} in {folder}"
+
+    # A resumed campaign loads the newest version with its optimiser state: AdamW's counter
+    # goes on from 56 (a fresh optimiser would count 8).
+    run_campaign(build({**config.to_dict(), "iterations": 64}), store, Three())
+    assert [p.step for p in store.policies(campaign_id)] == list(range(1, 65))
+    assert listing(folder) == [step_name(s) for s in (62, 63, 64)]
+    assert adam_steps(folder / step_name(64)) == {64}
+
+
+def test_a_kill_in_the_middle_of_a_removal_leaves_a_campaign_that_resumes(
+    tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store.open(tmp_path / "c.db")
+    folder = tmp_path / "c.policies" / "three"
+    config = build(settings(tiny_model, iterations=8, keep_versions=1))
+    real_rmtree = publishing.shutil.rmtree
+
+    def killed(path: Path, ignore_errors: bool = False) -> None:
+        """The process dies after removing one file of the version."""
+        next(f for f in Path(path).iterdir() if f.is_file()).unlink()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(publishing.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_campaign(config, store, Three())
+    # Step 2 was recorded, then the removal of step 1 died half-way: under a trash name.
+    names = listing(folder)
+    assert names[-1] == step_name(2) and names[0].startswith(".trash.step-000001.")
+    campaign = store.get_campaign("three")
+    assert campaign is not None
+    assert [p.step for p in store.policies(campaign.id)] == [1, 2]
+    # A killed save leaves its staging folder too (trainer/policy.py `_atomic_folder`).
+    (folder / ".step-000003.k1ll3d").mkdir()
+
+    monkeypatch.setattr(publishing.shutil, "rmtree", real_rmtree)
+    run_campaign(build({**config.to_dict(), "iterations": 12}), store, Three())
+    assert [p.step for p in store.policies(campaign.id)] == list(range(1, 13))
+    assert listing(folder) == [step_name(12)]  # the leftovers went with the next removal
+    assert adam_steps(folder / step_name(12)) == {12}
+
+
+def test_workers_get_merged_copies_of_the_two_newest_versions_only(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """`vpo train --follow` writes each LoRA version merged for in-process workers; a worker may
+    still be loading the previous one, so the two newest versions and their copies stay even
+    with keep_versions 1, and older copies go once superseded."""
+    store = Store.open(tmp_path / "c.db")
+    run_campaign(build(settings(tiny_model, iterations=8, train_every=0)), store, Three())
+    campaign = store.get_campaign("three")
+    assert campaign is not None
+    folder = tmp_path / "c.policies" / "three"
+    seen: list[list[str]] = []
+    taken = follow(
+        store,
+        campaign,
+        {"train_every": 1, "lora": True, "keep_versions": 1},
+        steps=6,
+        poll=0.01,
+        say=lambda line: seen.append(listing(folder)),
+    )
+    assert taken == 6
+    newest = [step_name(5), step_name(5) + "-merged", step_name(6), step_name(6) + "-merged"]
+    assert listing(folder) == newest
+    assert max(len(names) for names in seen) == 4
+    # The copy is what a worker's engine loads: whole weights, no adapter, in the dtype the
+    # trainer computes in (bf16 where the CPU or GPU has it; fp32 on others).
+    from trainer.models import preferred_dtype
+
+    copy = merged_folder(folder / step_name(6))
+    dtype = str(preferred_dtype("cpu")).removeprefix("torch.")
+    assert json.loads((copy / "config.json").read_text())["dtype"] == dtype
+    assert not (copy / "adapter_config.json").exists()
+
+
+def test_a_merged_copy_is_written_for_the_trainers_engine_and_removed_once_loaded(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    import torch
+
+    from harness.llm.transformers_backend import TransformersGenerator
+    from trainer.policy import Policy, PolicyConfig
+
+    torch.manual_seed(0)
+    policy = Policy.load(tiny_model, PolicyConfig(lora=True, lora_rank=2))
+    for module in policy.model.modules():  # a trained adapter: B is no longer zero
+        if hasattr(module, "lora_B"):
+            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.1)
+    version = policy.save(tmp_path / step_name(0))
+    engine = TransformersGenerator(tiny_model, dtype="float32")  # loads whole weights
+    publish(policy, engine, version)
+    # The engine sampled from the merged weights, and the copy it read is gone.
+    assert listing(tmp_path) == [step_name(0)]
+    expected = _merged_weight(policy, "model.layers.0.self_attn.q_proj")
+    loaded = engine.hf_model.get_submodule("model.layers.0.self_attn.q_proj").weight
+    assert torch.allclose(loaded.float(), expected, atol=1e-6)
+
+    # Asked for bf16 (the compute dtype on hardware that has it), the copy is half the bytes.
+    full = policy.save_merged(tmp_path / "fp32")
+    half = policy.save_merged(tmp_path / "bf16", dtype=torch.bfloat16)
+    sizes = [(f / "model.safetensors").stat().st_size for f in (full, half)]
+    assert 0.49 < sizes[1] / sizes[0] < 0.51
+    with safe_open(str(half / "model.safetensors"), "pt") as weights:
+        name = "model.layers.0.self_attn.q_proj.weight"
+        assert weights.get_tensor(name).dtype == torch.bfloat16
+        assert torch.equal(weights.get_tensor(name), expected.to(torch.bfloat16))
+    # ... and the policy itself still trains in fp32.
+    assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
+
+
+def _merged_weight(policy: object, name: str) -> object:
+    """W + B A * scale of one LoRA layer of `policy`, computed by hand."""
+    layer = policy.model.get_submodule("base_model.model." + name)  # type: ignore[attr-defined]
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    return (layer.base_layer.weight + b @ a * layer.scaling["default"]).detach()
+
+
+def test_prune_keeps_the_newest_and_those_in_use(tmp_path: Path) -> None:
+    """Which folders go, on plain folders: versions 1..10, merged copies, leftovers, and a
+    file of the user's that is none of these."""
+    for step in range(1, 11):
+        (tmp_path / step_name(step)).mkdir()
+        (tmp_path / (step_name(step) + "-merged")).mkdir()
+    (tmp_path / step_name(11)).mkdir()  # saved, not yet recorded
+    (tmp_path / ".step-000004.abcd1234").mkdir()  # a killed save
+    (tmp_path / "notes.txt").write_text("mine")
+    mine = {"notes.txt"}
+
+    prune_versions(tmp_path, 10, 3, shared=False)
+    assert set(listing(tmp_path)) == mine | {
+        step_name(8),
+        step_name(9),
+        step_name(10),
+        step_name(10) + "-merged",
+        step_name(11),
+    }
+    # Shared with workers or a server: the one before the newest and its copy are in use.
+    prune_versions(tmp_path, 11, 1, shared=True)
+    assert set(listing(tmp_path)) == mine | {
+        step_name(10),
+        step_name(10) + "-merged",
+        step_name(11),
+    }
+    # 0 keeps every version; a merged copy no one loads goes.
+    prune_versions(tmp_path, 12, 0, shared=False)
+    assert set(listing(tmp_path)) == mine | {step_name(10), step_name(11)}
+
+
+def test_keep_versions_is_a_setting_with_a_flag_and_a_toml_key(tmp_path: Path) -> None:
+    from harness.cli.parser import build_parser
+
+    assert CampaignConfig().keep_versions == KEEP_VERSIONS == 3
+    file = tmp_path / "c.toml"
+    file.write_text("[training]\nkeep_versions = 5\n")
+    assert build(load_toml(file)).keep_versions == 5
+    args = build_parser().parse_args(["run", "--keep-versions", "7"])
+    assert args.keep_versions == 7
+    for bad, words in ((-1, "must be a whole number >= 0"), (2.5, "must be a whole number")):
+        with pytest.raises(UserError, match=words) as error:
+            build({"keep_versions": bad})
+        assert "\n" not in str(error.value) and "keep_versions" in str(error.value)
