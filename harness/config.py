@@ -32,6 +32,9 @@ SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
+# Policy versions kept on disk: the newest (a resume needs its optimiser state), a worker's or
+# server's previous one, and one to spare (harness/publish.py, docs/training.md).
+KEEP_VERSIONS = 3
 # Programs shown beside the parent, at most: small models have small contexts.
 MAX_DRAFTS = 4
 # Experiment trackers a campaign can report to (harness/trackers.py); "none" reports nowhere.
@@ -246,6 +249,11 @@ class CampaignConfig:
     policy_dir: str | None = setting(
         None, "where policy versions are saved (default: beside the database)", group=TRAINING
     )
+    keep_versions: int = setting(
+        KEEP_VERSIONS,
+        "policy versions kept on disk, the newest, beside any in use ({default}; 0: all)",
+        group=TRAINING,
+    )
     # reporting: experiment trackers fed every iteration and training step
     report_to: tuple[str, ...] = setting(
         (),
@@ -315,6 +323,9 @@ class CampaignConfig:
             " or ".join(DUPLICATE_REWARDS),
         )
         _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
+        _require(
+            self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
+        )
         _require(
             self.gradient_checkpointing in GRADIENT_CHECKPOINTING,
             "gradient_checkpointing",

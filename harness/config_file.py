@@ -29,6 +29,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "train_every", "advantage", "learning_rate", "lora", "lora_rank", "kl_beta",
         "dirichlet_weights", "dirichlet_alpha", "micro_batch", "skip_zero_advantage",
         "gradient_checkpointing", "duplicate_reward", "old_logprobs", "policy_dir",
+        "keep_versions",
     ),
     "reporting": ("report_to", "tracker_dir"),
     "budget": ("price_prompt", "price_completion", "max_total_tokens", "max_cost"),

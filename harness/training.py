@@ -21,7 +21,8 @@ trains, saves the policy version (weights or adapter, optimiser state, step coun
 transaction, and finally publishes the weights to the generator (harness/publish.py). A kill
 before that transaction leaves the groups unused and the version unrecorded: the resumed run
 loads the last recorded version and trains the same step again, so each group trains once and
-the versions stay contiguous.
+the versions stay contiguous. Then the versions older than the newest `keep_versions` that no
+worker or server may still read are removed (harness/publish.py `prune_versions`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import numpy as np
 from harness import faults
 from harness.config import FOLLOW_EVERY, CampaignConfig, OfflineSettings, TrainSettings, build
 from harness.errors import UserError
-from harness.publish import check_trainable_endpoint, publish, safe_name, step_name
+from harness.publish import check_trainable_endpoint, prune_versions, publish, safe_name, step_name
 from harness.records import CampaignRecord, TrainingGroup
 
 if TYPE_CHECKING:
@@ -145,6 +146,7 @@ class CampaignTrainer:
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
+    keep_versions: int = 0  # the newest versions kept on disk (0: all); see CampaignConfig
 
 
 def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> Path:
@@ -192,6 +194,7 @@ def start_trainer(
         name=campaign_name,
         version_id=None if latest is None else latest.id,
         duplicate_reward=config.duplicate_reward,
+        keep_versions=config.keep_versions,
     )
 
 
@@ -316,6 +319,9 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
             campaign_name=trainer.name,
             write_merged=trainer.write_merged,
         )
+    if parallel.main:  # versions a worker or server reads stay while they may be in use
+        shared = generator is None or not generator.in_process
+        prune_versions(trainer.folder, metrics.step, trainer.keep_versions, shared=shared)
     return metrics
 
 
