@@ -15,6 +15,7 @@ numbers below the budget that have no group.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,10 +46,13 @@ from harness.training import (
     maybe_train,
     start_trainer,
     trainer_generator,
+    untrained_note,
 )
 from problems.api import Evaluation, Problem
 
 GENERATION_RETRIES = 3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,7 +68,8 @@ class Progress:
     parsed: int = 0  # rollouts whose m candidates all parsed
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
-    train: str | None = None  # the last training step, as a line
+    train: str | None = None  # the last training step that made a policy version, as a line
+    steps_skipped: int = 0  # training steps that changed no weight (each said once, as it ran)
 
     def line(self, iteration: int, total: int) -> str:
         wall = max(time.perf_counter() - self.started, 1e-9)
@@ -77,6 +82,9 @@ class Progress:
             line = f"{line} | parsed {self.parsed}/{self.rollouts}"
         if self.skipped:
             line = f"{line} | {self.skipped} skipped"
+        if self.steps_skipped:
+            plural = "s" if self.steps_skipped > 1 else ""
+            line = f"{line} | {self.steps_skipped} training step{plural} skipped"
         return line if self.train is None else f"{line} | {self.train}"
 
     @property
@@ -192,6 +200,12 @@ def run_campaign(
                 )
                 if train(campaign, None) and on_progress:
                     on_progress(config.iterations, campaign.progress)
+            if config.train_every:
+                # The groups after the last step wait for an extended run (a step is worth its
+                # cost only when rollouts are sampled from it): say how many.
+                note = untrained_note(store, campaign_id, config.train_every)
+                if note is not None:
+                    (say or log.info)(note)
         store.set_campaign_status(campaign_id, "finished")
     except KeyboardInterrupt:
         _settle_status(store, campaign_id, "stopped", before, done_before)
@@ -317,15 +331,21 @@ def _store_and_report(
 def train(campaign: CampaignRun, generator: Generator | None) -> bool:
     """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
     share the weights being trained): one in the steady state, more when a resumed run finds
-    the groups a killed one recorded but did not train on; True when any ran."""
+    the groups a killed one recorded but did not train on; True when any ran. A step that
+    changed no weight is said once, as a warning with its reason, and then only counted on
+    the progress line; the campaign goes on."""
     if campaign.trainer is None:
         return False
     ran = False
     while (metrics := maybe_train(campaign.trainer, generator)) is not None:
+        ran = True
+        if metrics.skipped is not None:
+            campaign.progress.steps_skipped += 1
+            log.warning("vpo: training %s", metrics.line())
+            continue
         campaign.progress.train = metrics.line()
         if campaign.reporter is not None:
             campaign.reporter.train_step(metrics)
-        ran = True
     return ran
 
 

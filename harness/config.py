@@ -100,7 +100,8 @@ class TrainSettings:
     # acts on groups an older policy version sampled; recomputed elsewhere), "sampler" (required)
     # or "recompute" (the current weights': ratio 1, the clip never acts).
     old_logprobs: str = "auto"
-    sequence_tokens: int = 4096  # longest prompt + completion trained on; longer is cut
+    # Longest prompt + completion trained on; a longer rollout's completion is cut (and counted).
+    sequence_tokens: int = 4096
     seed: int = 0
     # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
     # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
@@ -114,7 +115,9 @@ class TrainSettings:
 
 # A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
 LORA_LEARNING_RATE = 1e-5
-# Prompts hold the parent and drafts: room for them beside a campaign's completions.
+# Prompts hold the parent and drafts: room for them beside a campaign's completions in the
+# training length, which is max_tokens + this; a campaign that trains builds no longer prompt
+# (harness/generation.py `prompt_budget`), so its steps take every rollout whole.
 PROMPT_ROOM_TOKENS = 8192
 
 
@@ -188,7 +191,8 @@ class CampaignConfig:
     concurrency: int = setting(
         0, "iterations in flight ({default}: chosen for the backend, see docs/generation.md)"
     )
-    # the prompt's token budget is the context length minus max_tokens
+    # the prompt's token budget is the context length minus max_tokens (and, when training,
+    # at most PROMPT_ROOM_TOKENS: the training length minus max_tokens)
     context_tokens: int = setting(
         0, "the model's context length in tokens ({default}: what the model or server says)"
     )

@@ -242,6 +242,10 @@ class RolloutGroup(Base):
     created_at: Mapped[datetime] = mapped_column(default=utc_now)
     # NULL until a training step consumes the group; resuming trains on exactly the NULL ones.
     train_step: Mapped[int | None]
+    # Why the step that took the group changed no weight (a non-finite gradient, no completion
+    # token within the training length); no step takes it again. NULL otherwise. Added by
+    # migration 0002.
+    train_skipped: Mapped[str | None] = mapped_column(Text)
     policy_version_id: Mapped[int | None] = mapped_column(
         ForeignKey("policy_version.id", ondelete="CASCADE"), index=True
     )

@@ -67,7 +67,7 @@ def loop_settings(config: CampaignConfig, generator: Generator) -> LoopSettings:
 def describe(generator: Generator, settings: LoopSettings) -> str:
     """One line on how a campaign generates, for the start of its output."""
     budget = (
-        f"prompts up to {settings.budget.tokens} tokens"
+        f"prompts up to {settings.budget.tokens} tokens ({settings.budget.why})"
         if settings.budget
         else "prompt length unchecked (the model's context length is unknown)"
     )
@@ -95,24 +95,35 @@ def _cuda() -> bool:
 
 def prompt_budget(config: CampaignConfig, generator: Generator) -> PromptBudget | None:
     """The prompt's token budget: the context length (`context_tokens`, else what the model or
-    server says) minus `max_tokens`; None when the context length is unknown (a hosted API
-    that does not say; a prompt it finds too long is then a recorded failure)."""
+    server says) minus `max_tokens`, and in a campaign that trains no more than the training
+    length minus `max_tokens`, so the trainer takes every rollout whole (one budget: a prompt
+    that fits is never cut by a step). None when neither bounds it (no training, and a hosted
+    API that does not say its context length: a prompt it finds too long is then a recorded
+    failure)."""
+    limits: list[tuple[int, str]] = []
     context = config.context_tokens or generator.context_tokens()
-    if context is None:
+    if context is not None:
+        source = "context_tokens" if config.context_tokens else "the model's context length"
+        room = context - config.max_tokens
+        if room < 64:
+            raise UserError(
+                f"max_tokens {config.max_tokens} leaves no room for a prompt in {source} of "
+                f"{context} tokens; lower --max-tokens"
+            )
+        limits.append((room, f"{source} {context} - max_tokens {config.max_tokens}"))
+    if config.train_every:
+        length = config.training().sequence_tokens
+        why = f"the training length {length} - max_tokens {config.max_tokens}"
+        limits.append((length - config.max_tokens, why))
+    if not limits:
         return None
-    source = "context_tokens" if config.context_tokens else "the model's context length"
-    room = context - config.max_tokens
-    if room < 64:
-        raise UserError(
-            f"max_tokens {config.max_tokens} leaves no room for a prompt in {source} of "
-            f"{context} tokens; lower --max-tokens"
-        )
+    room, why = min(limits)
     return PromptBudget(
         tokens=room,
         count=generator.count_tokens,
         draft_chars=config.draft_chars,
         feedback_chars=config.feedback_chars,
-        why=f"{source} {context} - max_tokens {config.max_tokens}",
+        why=why,
     )
 
 

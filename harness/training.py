@@ -4,7 +4,7 @@ from the store as tensors.
     policy, step = load_policy(settings)                  # TrainSettings -> what a step needs
     metrics = take_step(policy, step, groups, seed=1)
 
-Inside a campaign, one step on the newest unused groups after every K new ones:
+Inside a campaign, one step on the oldest unused groups after every K new ones:
 
     trainer = start_trainer(config, store, campaign_id, name, objectives)  # None: no training
     generator = trainer_generator(config, trainer)                  # sees the policy's weights
@@ -23,6 +23,12 @@ before that transaction leaves the groups unused and the version unrecorded: the
 loads the last recorded version and trains the same step again, so each group trains once and
 the versions stay contiguous. Then the versions older than the newest `keep_versions` that no
 worker or server may still read are removed (harness/publish.py `prune_versions`).
+
+A step that changed no weight (its gradient norm was not finite, or no completion token was
+left within the training length) saves and publishes nothing: its groups are marked with the
+reason and the step is an event (`Store.record_skipped_step`), and the next step takes its
+number again. Groups train oldest first; fewer than K left at the end of a campaign wait for
+the next step of an extended run (`untrained_note` says so).
 """
 
 from __future__ import annotations
@@ -277,9 +283,10 @@ def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Gener
 
 
 def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMetrics | None:
-    """One step when `every` unused groups are waiting; None otherwise. On several processes
-    (`vpo train --follow` under torchrun) the main one reads the groups and records the version;
-    each trains on its share."""
+    """One step on the oldest `every` unused groups when that many wait; None otherwise. A step
+    that changed nothing (`metrics.skipped`) is recorded as skipped, with its groups, and
+    neither saved nor published. On several processes (`vpo train --follow` under torchrun) the
+    main one reads the groups and records the version; each trains on its share."""
     store = trainer.store
     parallel = trainer.policy.parallel
     stored = None
@@ -297,6 +304,18 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
     # The Dirichlet draws of step s depend only on (seed, s): a resumed run redoes them exactly.
     seed = int.from_bytes(hashlib.sha256(f"{trainer.seed}:{step}".encode()).digest()[:8], "big")
     metrics = take_step(trainer.policy, trainer.config, groups, seed=seed >> 1)
+    if metrics.skipped is not None:
+        # Every process skipped (the norm and the token count are the whole step's).
+        if parallel.main:
+            store.record_skipped_step(
+                trainer.campaign_id,
+                step=metrics.step,
+                reason=metrics.skipped,
+                metrics=metrics.as_dict(),
+                group_ids=[g.id for g in stored],
+            )
+        parallel.barrier()
+        return metrics
     faults.point("train_step")  # the weights moved in memory, nothing saved
     folder = trainer.policy.save(trainer.folder / step_name(metrics.step))
     faults.point("train_saved")  # saved, not recorded
@@ -337,7 +356,8 @@ def follow(
 ) -> int:
     """Train beside a campaign's workers (`vpo train --follow`): a step whenever `train_every`
     new groups wait, each version published for the workers, until the campaign's budget is
-    recorded and used (or after `steps` steps); returns the steps taken.
+    recorded and used (or after `steps` steps); returns the steps taken (a skipped step
+    publishes no version and is not counted).
 
     The settings are the campaign's under `overrides` (None: unset); `train_every` is the
     override's, else the campaign's, else FOLLOW_EVERY. The follower never samples. Under
@@ -370,11 +390,12 @@ def follow(
         f"following campaign {campaign.name!r} of {store.where}: a step every {every} new "
         f"groups, versions in {trainer.folder}"
     )
-    taken = 0
+    taken = skipped = 0
     while steps is None or taken < steps:
         metrics = maybe_train(trainer, None)
         if metrics is not None:
-            taken += 1
+            taken += metrics.skipped is None
+            skipped += metrics.skipped is not None
             say(metrics.line())
             continue
         done = store.iterations_done(campaign.id) >= config.iterations
@@ -382,8 +403,26 @@ def follow(
         if parallel.broadcast(done and store.open_claims(campaign.id) == 0):
             break
         time.sleep(poll)
-    say(f"{taken} steps; the last policy version is step {trainer.policy.step}")
+    also = f" ({skipped} more skipped, see above)" if skipped else ""
+    say(f"{taken} steps{also}; the last policy version is step {trainer.policy.step}")
+    note = untrained_note(store, campaign.id, every) if parallel.main else None
+    if note is not None:
+        say(note)
     return taken
+
+
+def untrained_note(store: Store, campaign_id: int, every: int) -> str | None:
+    """One line on the groups no step took, for the end of a campaign's training (fewer than
+    `every` came in after its last step); None when none waits. They are the oldest unused
+    groups, so the first step of an extended run takes them."""
+    waiting = store.untrained_count(campaign_id)
+    if not waiting:
+        return None
+    them = "them" if waiting > 1 else "it"
+    return (
+        f"{waiting} group{'s' if waiting > 1 else ''} not trained: fewer than train_every "
+        f"({every}) came in after the last step; extending the campaign trains {them} first"
+    )
 
 
 def _silent(_: str) -> None:

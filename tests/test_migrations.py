@@ -23,17 +23,18 @@ from harness.store import Store
 
 FIXTURE = Path(__file__).parent / "data" / "before-alembic.db"
 
-LATER = '''"""A column a later release added.
+TODAY = migrations.head()  # the revision a database made today is at
+LATER = f'''"""A column a later release added.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: later
+Revises: {TODAY}
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
-down_revision = "0001"
+revision = "later"
+down_revision = "{TODAY}"
 branch_labels = None
 depends_on = None
 
@@ -105,25 +106,25 @@ def test_a_later_revision_migrates_todays_database(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     Store.open(db_url).close()  # today's database, at the head revision
-    assert revision_of(db_url) == "0001"
+    assert revision_of(db_url) == TODAY
     scripts = tmp_path / "migrations"
     shutil.copytree(migrations.HERE, scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0002_later.py").write_text(LATER)
+    (scripts / "versions" / "9999_later.py").write_text(LATER)
     monkeypatch.setattr(migrations, "HERE", scripts)
     # A reader says which revision it needs, and leaves the database as it is.
-    needs = "is at revision 0001; this vpo-evolve reads revision 0002"
+    needs = f"is at revision {TODAY}; this vpo-evolve reads revision later"
     with pytest.raises(SchemaError, match=needs):
         Store.open(db_url, read_only=True)
-    assert revision_of(db_url) == "0001"
+    assert revision_of(db_url) == TODAY
     with Store.open(db_url) as store:
         with store.engine.connect() as connection:
             columns = {c["name"] for c in inspect(connection).get_columns("campaign")}
     assert "note_added_later" in columns
-    assert revision_of(db_url) == "0002"
+    assert revision_of(db_url) == "later"
     if db_url.startswith("sqlite"):
-        copies = list(tmp_path.glob("vpo.db.backup-0001"))
+        copies = list(tmp_path.glob(f"vpo.db.backup-{TODAY}"))
         assert len(copies) == 1
-        assert rows(copies[0], "SELECT version_num FROM alembic_version") == [("0001",)]
+        assert rows(copies[0], "SELECT version_num FROM alembic_version") == [(TODAY,)]
     Store.open(db_url, read_only=True).close()
 
 

@@ -162,8 +162,11 @@ def cut(
     logprobs: Sequence[float] | None,
     max_tokens: int,
 ) -> Row:
-    """A rollout as a row of at most `max_tokens` tokens: the completion is cut at its end.
-    Sampler log-probs that are not one finite number per completion token are dropped (None)."""
+    """A rollout as a row of at most `max_tokens` tokens: the completion is cut at its end, to
+    nothing when the prompt alone fills `max_tokens` (the prompt is never cut: the completion
+    is what the model is trained to write after all of it). The caller counts the rows it cut
+    (`StepMetrics.cut_rollouts`) and skips a step left without a completion token. Sampler
+    log-probs that are not one finite number per completion token are dropped (None)."""
     prompt = list(prompt_ids)
     completion = list(completion_ids)
     sampled = None

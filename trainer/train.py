@@ -134,24 +134,35 @@ class StepMetrics:
     seconds: float
     tokens_per_second: float
     advantage: str
+    # Rollouts longer than `max_tokens` whose completion the step cut at its end (some to
+    # nothing): a campaign's prompts are sized so that none is, so a count here says so.
+    cut_rollouts: int = 0
+    # Why the step changed no weight and is no policy version (a non-finite gradient norm, no
+    # completion token left within `max_tokens`); None for a step taken. The policy's step
+    # counter stays where it was: the next step takes this number again.
+    skipped: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def line(self) -> str:
+        trimmed = f" | cut {self.cut_rollouts}/{self.rollouts}" if self.cut_rollouts else ""
+        if self.skipped is not None:
+            return f"step {self.step} skipped: {self.skipped}{trimmed}"
         stale = "" if self.staleness is None else f" | stale {self.staleness:.1f}"
         if not self.trained:
             return (
                 f"step {self.step} | set score {self.set_score:.3f} | zero-std "
                 f"{self.zero_std_fraction:.0%} | nothing to learn: every advantage is 0, "
-                f"0/{self.rollouts} rollouts trained, weights unchanged"
+                f"0/{self.rollouts} rollouts trained, weights unchanged{trimmed}"
             )
         return (
-            f"step {self.step} | loss {self.loss:+.4f} | kl {self.kl:.2e} | set score "
-            f"{self.set_score:.3f} | zero-std {self.zero_std_fraction:.0%} | diversity "
-            f"{self.diversity:.3f} | ratio {self.mean_ratio:.3f} clip {self.clip_fraction:.1%} "
+            f"step {self.step} | loss {self.loss:+.4f} | kl {self.kl:.2e} | grad norm "
+            f"{self.grad_norm:.3g} | set score {self.set_score:.3f} | zero-std "
+            f"{self.zero_std_fraction:.0%} | diversity {self.diversity:.3f} | ratio "
+            f"{self.mean_ratio:.3f} clip {self.clip_fraction:.1%} "
             f"({self.sampler_fraction:.0%} sampler){stale} | trained {self.trained}/"
-            f"{self.rollouts} | {self.tokens_per_second:.0f} tok/s"
+            f"{self.rollouts}{trimmed} | {self.tokens_per_second:.0f} tok/s"
         )
 
 
@@ -233,14 +244,23 @@ def train_step(
     every process takes the step one process with all the groups would (the metrics are this
     process's). Every process runs as many micro-batches as the busiest one, a process with
     fewer running an empty one of weight 0, since each backward pass is a collective.
+
+    A step that can change nothing comes back with `skipped` saying why, and leaves the
+    policy's step counter where it was: one whose gradient norm is not finite (no optimiser
+    step is taken), one with no completion token left once each rollout is cut to
+    `max_tokens` (nothing runs; the rollouts cut are counted in every step's `cut_rollouts`).
     """
     parallel = policy.parallel
     if not groups and not parallel.active:
         raise ValueError("a training step needs at least one group")
     started = time.perf_counter()
+    number = policy.step + 1
     advantages = compute_advantages(groups, config, generator)
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     rows = [cut(r.prompt_ids, r.completion_ids, r.logprobs, config.max_tokens) for r in rollouts]
+    shortened = sum(
+        len(row[1]) < len(r.completion_ids) for r, row in zip(rollouts, rows, strict=True)
+    )
     if config.old_logprobs == "recompute" or config.temperature <= GREEDY:
         # Greedy samples' log-probs are not of logits / T: nothing to compare them with.
         rows = [(prompt, completion, None) for prompt, completion, _ in rows]
@@ -253,13 +273,17 @@ def train_step(
             )
     local_tokens = sum(len(completion) for _, completion, _ in rows)
     total_tokens = int(parallel.sum(local_tokens))
+    # Every process sees the same total, so all of them skip the step or none does.
+    skipped = None
     if total_tokens == 0:
-        raise ValueError("the rollouts have no completion tokens to train on")
+        skipped = _nothing_left(shortened, len(rollouts), config.max_tokens)
 
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
-    # Longest first and similar lengths together: less padding in each micro-batch.
+    # Longest first and similar lengths together: less padding in each micro-batch. A rollout
+    # with no completion token left has nothing to predict: it takes no pass.
     order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
+    order = [i for i in order if rows[i][1]]
     if config.skip_zero_advantage:
         order = [i for i in order if advantages.per_rollout[i] != 0]
     passes = int(parallel.max(math.ceil(len(order) / config.micro_batch)))
@@ -326,11 +350,15 @@ def train_step(
         grad_norm = _total(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), clip))
         if math.isfinite(grad_norm):
             policy.optimizer.step()
+        else:
+            # The norm is the same on every process (the wrapper reduced the gradients).
+            skipped = f"non-finite gradient norm ({grad_norm}), the optimiser step was not taken"
     policy.optimizer.zero_grad(set_to_none=True)
-    policy.step += 1
+    if skipped is None:
+        policy.step = number
     seconds = time.perf_counter() - started
     return StepMetrics(
-        step=policy.step,
+        step=number,
         groups=len(groups),
         rollouts=len(rollouts),
         tokens=local_tokens,
@@ -340,7 +368,7 @@ def train_step(
         clip_fraction=sums["clipped"] / ran,
         mean_ratio=sums["ratio"] / ran if order else 1.0,
         sampler_fraction=sum(1 for row in rows if row[2] is not None) / max(len(rows), 1),
-        staleness=_staleness(rollouts, policy.step - 1),
+        staleness=_staleness(rollouts, number - 1),
         fresh_gap=gap / gap_tokens if gap_tokens else None,
         grad_norm=grad_norm,
         trained=len(order),
@@ -350,7 +378,19 @@ def train_step(
         seconds=seconds,
         tokens_per_second=(ran if order else 0) / seconds,
         advantage=config.advantage,
+        cut_rollouts=shortened,
+        skipped=skipped,
     )
+
+
+def _nothing_left(shortened: int, rollouts: int, max_tokens: int) -> str:
+    """Why a step has no completion token to train on."""
+    if shortened:
+        return (
+            f"no completion token left to train on: {shortened} of {rollouts} rollouts were cut "
+            f"at the training length of {max_tokens} tokens, which their prompts fill"
+        )
+    return f"no completion token to train on: the {rollouts} completions are empty"
 
 
 def _total(norm: Tensor) -> float:

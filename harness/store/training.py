@@ -1,8 +1,10 @@
-"""Training: the groups a step reads and marks as used, and the policy versions it produced."""
+"""Training: the groups a step reads and marks as used, the policy versions it produced, and
+the steps that changed nothing (their groups are not offered again; each is an event)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, insert, select, update
@@ -14,26 +16,26 @@ from harness.db import utc_now
 from harness.errors import UserError
 from harness.records import PolicyRecord, TrainingGroup, TrainingRollout
 from harness.store.opening import Database
-from harness.store.tables import GROUP, POLICY, SCORE, TRAJECTORY, log_event
+from harness.store.tables import EVENT, GROUP, POLICY, SCORE, TRAJECTORY, log_event
 
 
 class Training(Database):
     def untrained_groups(self, campaign_id: int, limit: int) -> list[TrainingGroup]:
-        """The newest `limit` groups no training step used yet, oldest of them first."""
-        return self.training_groups(campaign_id, unused=True, newest=limit)
+        """The oldest `limit` groups no training step took yet, in iteration order: a group
+        waits at most until the groups before it fill a step, never for ever."""
+        return self.training_groups(campaign_id, unused=True, limit=limit)
 
     def training_groups(
         self,
         campaign_id: int,
         *,
         unused: bool = False,
-        newest: int | None = None,
         after_iteration: int = -1,
         limit: int | None = None,
     ) -> list[TrainingGroup]:
         """Groups as the trainer reads them, in iteration order: token ids and every
-        candidate's scores. `unused`: only groups no training step used; `newest`: only the
-        newest N of them; `after_iteration` and `limit` page through the rest. Groups without
+        candidate's scores. `unused`: only groups no training step took (trained, or dropped by
+        a skipped step); `after_iteration` and `limit` page through them. Groups without
         prompt tokens (some endpoints do not report them) cannot be trained on and are left out.
         """
         query = select(GROUP.c.id, GROUP.c.iteration, GROUP.c.prompt_token_ids).where(
@@ -42,15 +44,10 @@ class Training(Database):
             GROUP.c.iteration > after_iteration,
         )
         if unused:
-            query = query.where(GROUP.c.train_step.is_(None))
-        if newest is not None:
-            query = query.order_by(GROUP.c.iteration.desc()).limit(newest)
-        else:
-            query = query.order_by(GROUP.c.iteration).limit(limit)
+            query = query.where(GROUP.c.train_step.is_(None), GROUP.c.train_skipped.is_(None))
+        query = query.order_by(GROUP.c.iteration).limit(limit)
         with self._reading() as connection:
             groups = connection.execute(query).all()
-            if newest is not None:
-                groups.reverse()
             if not groups:
                 return []
             trajectories = connection.execute(
@@ -82,6 +79,7 @@ class Training(Database):
                 select(func.count()).where(
                     GROUP.c.campaign_id == campaign_id,
                     GROUP.c.train_step.is_(None),
+                    GROUP.c.train_skipped.is_(None),
                     GROUP.c.prompt_token_ids.is_not(None),
                 )
             ).scalar_one()
@@ -108,6 +106,7 @@ class Training(Database):
                         GROUP.c.campaign_id == campaign_id,
                         GROUP.c.id.in_(list(group_ids)),
                         GROUP.c.train_step.is_(None),
+                        GROUP.c.train_skipped.is_(None),
                     )
                     .values(train_step=step)
                 ).rowcount
@@ -123,11 +122,11 @@ class Training(Database):
                         "campaign_id": campaign_id,
                         "step": step,
                         "path": path,
-                        "metrics": metrics,
+                        "metrics": finite(metrics),
                         "created_at": now,
                     },
                 ).scalar_one()
-                payload = {"step": step, "policy_version_id": policy_id, **metrics}
+                payload = {"step": step, "policy_version_id": policy_id, **finite(metrics)}
                 log_event(connection, campaign_id, "train_step", payload, now)
                 faults.point("train_commit")  # written, not yet committed
                 return policy_id
@@ -136,6 +135,51 @@ class Training(Database):
                 f"policy version {step} of campaign {campaign_id} exists already; "
                 "is another trainer running?"
             ) from None
+
+    def record_skipped_step(
+        self,
+        campaign_id: int,
+        *,
+        step: int,
+        reason: str,
+        metrics: Mapping[str, Any],
+        group_ids: Sequence[int],
+    ) -> None:
+        """A step that changed no weight (`reason`: a non-finite gradient, no completion token
+        left): its groups are marked with the reason, so no step takes them again, and a
+        `train_skipped` event holds its metrics (the skipped steps are those events), in one
+        transaction. No policy version: the next step takes the number `step` again.
+
+        Raises UserError, writing nothing, when a group was taken already."""
+        with self._writing() as connection:
+            marked = connection.execute(
+                update(GROUP)
+                .where(
+                    GROUP.c.campaign_id == campaign_id,
+                    GROUP.c.id.in_(list(group_ids)),
+                    GROUP.c.train_step.is_(None),
+                    GROUP.c.train_skipped.is_(None),
+                )
+                .values(train_skipped=reason)
+            ).rowcount
+            if marked != len(set(group_ids)):
+                raise UserError(
+                    f"training step {step}: {len(set(group_ids)) - marked} of its groups were "
+                    "used by another step; is another trainer running?"
+                )
+            payload = {**finite(metrics), "step": step, "skipped": reason}
+            log_event(connection, campaign_id, "train_skipped", payload, utc_now())
+
+    def skipped_steps(self, campaign_id: int) -> list[dict[str, Any]]:
+        """The metrics of each step that changed no weight, oldest first (each has `step`,
+        `skipped`: why, and `groups`)."""
+        with self._reading() as connection:
+            rows = connection.execute(
+                select(EVENT.c.payload)
+                .where(EVENT.c.campaign_id == campaign_id, EVENT.c.kind == "train_skipped")
+                .order_by(EVENT.c.id)
+            ).all()
+        return [dict(row.payload) for row in rows]
 
     def policies(self, campaign_id: int) -> list[PolicyRecord]:
         """The campaign's policy versions by step."""
@@ -154,6 +198,15 @@ class Training(Database):
                 .limit(1)
             ).one_or_none()
         return None if row is None else _policy_record(row)
+
+
+def finite(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Step metrics as JSON takes them: a non-finite number (a NaN gradient norm) is None, since
+    PostgreSQL refuses NaN and infinity in JSON (the skip's reason says what it was)."""
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in metrics.items()
+    }
 
 
 def _scores_of_slots(
