@@ -10,10 +10,11 @@ model nothing at all.
 
 The disk stays bounded (`prune_versions`, after each recorded step): the newest
 `keep_versions` versions stay, and those still in use: the newest, which a resume loads with its
-optimiser state, and, when versions leave the process (workers, a server), the one before it,
-which a worker may still be loading and a server still serves. A merged copy is written in the
-policy's compute dtype only when a generator loads whole weights, and removed once the
-trainer's own engine has loaded it, or, for workers, once two newer versions superseded it.
+optimiser state, and, when versions leave the process, the one before it, which a worker may
+still be loading, and any a worker in flight samples from (a server may read its adapter
+again). A merged copy is written in the policy's compute dtype only when a generator loads
+whole weights, and removed once the trainer's own engine has loaded it, or, for workers, once
+two newer versions superseded it.
 A folder is removed by renaming it to a `.trash.` name first, so a kill mid-removal leaves no
 half of a version under a version's name; the next prune finishes the job.
 """
@@ -106,23 +107,30 @@ def publish(
     remove_folder(merged_folder(folder))
 
 
-def prune_versions(folder: Path, newest: int, keep: int, *, shared: bool) -> list[str]:
+def prune_versions(
+    folder: Path, newest: int, keep: int, *, shared: bool, sampled_from: int | None = None
+) -> list[str]:
     """Remove from `folder` what no one needs once version `newest` is recorded: versions
     older than the newest `keep` (0: none is removed) and not in use, merged copies not in
-    use, and what a killed save or removal left. `shared`: versions leave this process
-    (workers, a server), so the newest ADAPTERS_KEPT are in use. Versions are contiguous, so
+    use, and what a killed save or removal left. Returns the names removed.
+
+    In use: the newest version (a resume loads it); with `shared` (versions leave this
+    process: workers, a server) the one before it too, which a worker may still be loading;
+    and every version from the one before `sampled_from` (`Store.version_at_oldest_claim`: a
+    worker in flight samples from it, or from the one before when a version came while it
+    loaded), since a server may read an adapter's folder again. Versions are contiguous, so
     the newest `keep` are the steps newest - keep + 1 .. newest; a folder of a later step is a
-    save not yet recorded, and stays. Returns the names removed."""
-    # Steps up to these may go: versions, and merged copies.
-    in_use = newest - (ADAPTERS_KEPT if shared else 1)
-    last_unneeded = min(newest - keep, in_use) if keep else 0
+    save not yet recorded, and stays."""
+    loading = newest - (ADAPTERS_KEPT if shared else 1)  # merged copies up to this may go
+    sampled = loading if sampled_from is None else min(loading, sampled_from - 2)
+    last_unneeded = min(newest - keep, sampled) if keep else 0  # and versions up to this
     removed = []
     for entry in _entries(folder):
         name = entry.name
         version, staging = _VERSION.fullmatch(name), _STAGING.fullmatch(name)
         if version is not None:
             step, merged = int(version[1]), version[2] is not None
-            stale = step <= (in_use if merged else last_unneeded)
+            stale = step <= (loading if merged else last_unneeded)
         else:
             stale = name.startswith(_TRASH) or (staging is not None and int(staging[1]) <= newest)
         if stale and entry.is_dir() and not entry.is_symlink():

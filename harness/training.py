@@ -340,7 +340,9 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
         )
     if parallel.main:  # versions a worker or server reads stay while they may be in use
         shared = generator is None or not generator.in_process
-        prune_versions(trainer.folder, metrics.step, trainer.keep_versions, shared=shared)
+        in_flight = store.version_at_oldest_claim(trainer.campaign_id)  # a worker's, if any
+        keep = trainer.keep_versions
+        prune_versions(trainer.folder, metrics.step, keep, shared=shared, sampled_from=in_flight)
     return metrics
 
 

@@ -159,35 +159,44 @@ def test_a_kill_in_the_middle_of_a_removal_leaves_a_campaign_that_resumes(
     assert adam_steps(folder / step_name(12)) == {12}
 
 
-def test_workers_get_merged_copies_of_the_two_newest_versions_only(
+def test_a_follower_keeps_what_workers_may_use_and_merged_copies_of_the_two_newest(
     tiny_model: str, tmp_path: Path
 ) -> None:
-    """`vpo train --follow` writes each LoRA version merged for in-process workers; a worker may
-    still be loading the previous one, so the two newest versions and their copies stay even
-    with keep_versions 1, and older copies go once superseded."""
+    """`vpo train --follow` writes each LoRA version merged for in-process workers. With
+    keep_versions 1, the version before the newest stays too (a worker may still be loading it),
+    as does every version from the one before the newest when a worker claimed its work (it
+    samples from that one until it records it; a server may read the adapter again)."""
     store = Store.open(tmp_path / "c.db")
     run_campaign(build(settings(tiny_model, iterations=8, train_every=0)), store, Three())
     campaign = store.get_campaign("three")
     assert campaign is not None
     folder = tmp_path / "c.policies" / "three"
     seen: list[list[str]] = []
-    taken = follow(
-        store,
-        campaign,
-        {"train_every": 1, "lora": True, "keep_versions": 1},
-        steps=6,
-        poll=0.01,
-        say=lambda line: seen.append(listing(folder)),
-    )
-    assert taken == 6
-    newest = [step_name(5), step_name(5) + "-merged", step_name(6), step_name(6) + "-merged"]
-    assert listing(folder) == newest
-    assert max(len(names) for names in seen) == 4
+
+    def steps(n: int) -> int:
+        overrides = {"train_every": 1, "lora": True, "keep_versions": 1}
+        say = lambda line: seen.append(listing(folder))  # noqa: E731
+        return follow(store, campaign, overrides, steps=n, poll=0.01, say=say)
+
+    def merged(*numbers: int) -> list[str]:
+        return [name for n in numbers for name in (step_name(n), step_name(n) + "-merged")]
+
+    assert steps(2) == 2
+    # A slow worker loaded version 2 and claimed an iteration.
+    assert store.claim_iteration(campaign.id, "slow", budget=9, lease_seconds=900) == 8
+    assert store.version_at_oldest_claim(campaign.id) == 2
+    assert steps(4) == 4
+    assert listing(folder) == [step_name(n) for n in (1, 2, 3, 4)] + merged(5, 6)
+    store.release_claim(campaign.id, 8, "slow")
+    assert store.version_at_oldest_claim(campaign.id) is None
+    assert steps(1) == 1
+    assert listing(folder) == merged(6, 7)
+    assert max(map(len, seen)) == 8  # versions 1..6, the copies of 5 and 6
     # The copy is what a worker's engine loads: whole weights, no adapter, in the dtype the
     # trainer computes in (bf16 where the CPU or GPU has it; fp32 on others).
     from trainer.models import preferred_dtype
 
-    copy = merged_folder(folder / step_name(6))
+    copy = merged_folder(folder / step_name(7))
     dtype = str(preferred_dtype("cpu")).removeprefix("torch.")
     assert json.loads((copy / "config.json").read_text())["dtype"] == dtype
     assert not (copy / "adapter_config.json").exists()
@@ -261,9 +270,17 @@ def test_prune_keeps_the_newest_and_those_in_use(tmp_path: Path) -> None:
         step_name(10) + "-merged",
         step_name(11),
     }
+    # A worker in flight claimed its work when 9 was the newest: it samples from 8 or 9.
+    for step in (7, 8, 9, 12):
+        (tmp_path / step_name(step)).mkdir()
+    prune_versions(tmp_path, 12, 1, shared=True, sampled_from=9)
+    assert set(listing(tmp_path)) == mine | {step_name(n) for n in (8, 9, 10, 11, 12)}
+    for step in (8, 9):
+        (tmp_path / step_name(step)).rmdir()
     # 0 keeps every version; a merged copy no one loads goes.
-    prune_versions(tmp_path, 12, 0, shared=False)
-    assert set(listing(tmp_path)) == mine | {step_name(10), step_name(11)}
+    (tmp_path / (step_name(12) + "-merged")).mkdir()
+    prune_versions(tmp_path, 13, 0, shared=False)
+    assert set(listing(tmp_path)) == mine | {step_name(10), step_name(11), step_name(12)}
 
 
 def test_keep_versions_is_a_setting_with_a_flag_and_a_toml_key(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, insert, select, update
 from harness.db import utc_now
 from harness.errors import UserError
 from harness.store.opening import Database
-from harness.store.tables import CAMPAIGN, CLAIM, GROUP
+from harness.store.tables import CAMPAIGN, CLAIM, GROUP, POLICY
 
 # A claim whose iteration has a group: the worker finished it.
 _RECORDED = (
@@ -93,3 +93,22 @@ class Claims(Database):
             return connection.execute(
                 select(func.count()).where(CLAIM.c.campaign_id == campaign_id, ~_RECORDED)
             ).scalar_one()
+
+    def version_at_oldest_claim(self, campaign_id: int) -> int | None:
+        """The step of the newest policy version recorded before the oldest claim in flight
+        was made (0: none was), the oldest a worker may still sample from, since a worker loads
+        the newest version and then claims; None when no claim is open."""
+        with self._reading() as connection:
+            since = connection.execute(
+                select(func.min(CLAIM.c.claimed_at)).where(
+                    CLAIM.c.campaign_id == campaign_id, ~_RECORDED
+                )
+            ).scalar()
+            if since is None:
+                return None
+            step = connection.execute(
+                select(func.max(POLICY.c.step)).where(
+                    POLICY.c.campaign_id == campaign_id, POLICY.c.created_at <= since
+                )
+            ).scalar()
+        return int(step or 0)
