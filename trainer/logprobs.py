@@ -53,14 +53,31 @@ class TokenLogprobs(nn.Module):
         temperature: float = 1.0,
         top_p: float = 1.0,
         logit_chunk: int = 2048,
+        segments: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        rollout_rows: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """(N, C) log pi(a | s) at temperature T, and, when top_p < 1, (N, C) log Z(s), the mass
-        of each position's top-p nucleus (no gradient); None when top_p is 1."""
+        """(R, C) log pi(a | s) at temperature T, and, when top_p < 1, (R, C) log Z(s), the mass
+        of each position's top-p nucleus (no gradient); None when top_p is 1.
+
+        A row per rollout (`token_batch`: R = N), or packed rows (`pack_batch`: `segments`,
+        `position_ids` and `rollout_rows` given), each one prompt and several completions
+        under a block mask built here from `segments`."""
         backbone, head = _backbone_and_head(self.model)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        # The state at position p predicts token p + 1: gather the ones that predict completions.
-        index = predict_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
-        states = hidden.gather(1, index).reshape(-1, hidden.shape[-1])  # (N * C, H)
+        if segments is None:
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        else:
+            mask = block_mask(segments, attention_kind(self.model))
+            hidden = backbone(
+                input_ids=input_ids, attention_mask=mask, position_ids=position_ids
+            ).last_hidden_state
+            rows = rollout_rows
+        # The state at position p predicts token p + 1: gather the ones that predict completions
+        # (flat indices, so a packed row's shared states are not copied per rollout).
+        width = hidden.shape[1]
+        flat = (rows.unsqueeze(-1) * width + predict_positions).reshape(-1)
+        states = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat)  # (R * C, H)
         flat_targets = completion_ids.reshape(-1)
         pieces = []
         chunked = states.shape[0] > logit_chunk
@@ -104,7 +121,40 @@ def token_logprobs(
         temperature,
         top_p,
         logit_chunk,
+        batch.get("segments"),
+        batch.get("position_ids"),
+        batch.get("rollout_rows"),
     )
+
+
+# Attention implementations that take an arbitrary 4D mask: a packed row needs one.
+PACKABLE = ("sdpa", "eager")
+
+
+def attention_kind(model: Any) -> str:
+    """The attention implementation of `model` (through wrappers): "sdpa", "eager", ..."""
+    inner = getattr(model, "module", model)
+    inner = getattr(inner, "model", inner) if isinstance(inner, TokenLogprobs) else inner
+    base = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+    return str(getattr(base.config, "_attn_implementation", None) or "eager")
+
+
+def block_mask(segments: Tensor, kind: str) -> Tensor:
+    """(N, 1, L, L) attention mask of packed rows from their (N, L) segments (-1 padding, 0 the
+    prompt, k >= 1 completion k): a token sees the earlier tokens of the prompt and of its own
+    completion, so each completion reads the prompt as if it were alone with it. A padding
+    position sees itself only (its state is never used; a row of -inf would give NaN). Boolean
+    for SDPA (True: attend), additive for eager attention."""
+    length = segments.shape[1]
+    query, key = segments.unsqueeze(2), segments.unsqueeze(1)
+    causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
+    allowed = causal & (key != -1) & ((key == 0) | (key == query))
+    allowed |= torch.eye(length, dtype=torch.bool, device=segments.device) & (query == -1)
+    allowed = allowed.unsqueeze(1)
+    if kind == "sdpa":
+        return allowed
+    blocked = torch.zeros(allowed.shape, dtype=torch.float32, device=segments.device)
+    return blocked.masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 def _is_scorer(model: Any) -> bool:
@@ -212,6 +262,71 @@ def token_batch(rows: Sequence[Row], pad: int = 0, device: Any = "cpu") -> dict[
     return {
         "input_ids": input_ids.to(device),
         "attention_mask": attention.to(device),
+        "completion_ids": completion_ids.to(device),
+        "completion_mask": completion_mask.to(device),
+        "predict_positions": positions.to(device),
+        "sampler_logprobs": sampler.to(device),
+        "has_sampler": has_sampler.to(device),
+    }
+
+
+# Pack = (prompt ids, the completions' ids, each completion's sampler log-probs or None).
+Pack = tuple[list[int], list[list[int]], list[list[float] | None]]
+
+
+def pack_batch(packs: Sequence[Pack], pad: int = 0, device: Any = "cpu") -> dict[str, Tensor]:
+    """Packed rows: each pack's prompt once, then its completions one after another, with the
+    positions each token has in its own rollout (a completion starts where the prompt ends) and
+    the segments `block_mask` turns into the mask. The per-rollout tensors are token_batch's,
+    one row per completion in the packs' order; `rollout_rows` says which packed row holds it.
+    Exact: every completion token sees what it sees in its own row (the prompt and its own
+    earlier tokens), at the same positions, so the log-probs and their gradients are the
+    per-row path's up to rounding; the prompt runs once per pack, not once per completion."""
+    width = max(len(prompt) + sum(len(c) for c in completions) for prompt, completions, _ in packs)
+    completions = [c for _, cs, _ in packs for c in cs]
+    longest = max(max((len(c) for c in completions), default=0), 1)
+    n, r = len(packs), len(completions)
+    input_ids = torch.full((n, width), pad, dtype=torch.long)
+    position_ids = torch.zeros((n, width), dtype=torch.long)
+    segments = torch.full((n, width), -1, dtype=torch.long)
+    rollout_rows = torch.zeros(r, dtype=torch.long)
+    completion_ids = torch.zeros((r, longest), dtype=torch.long)
+    completion_mask = torch.zeros((r, longest), dtype=torch.bool)
+    positions = torch.zeros((r, longest), dtype=torch.long)
+    sampler = torch.zeros((r, longest), dtype=torch.float32)
+    has_sampler = torch.zeros(r, dtype=torch.bool)
+    rollout = 0
+    for row, (prompt, pack, logprobs) in enumerate(packs):
+        if not prompt:
+            raise ValueError("a rollout needs its prompt tokens to be trained on")
+        size = len(prompt)
+        input_ids[row, :size] = torch.tensor(prompt)
+        position_ids[row, :size] = torch.arange(size)
+        segments[row, :size] = 0
+        start = size
+        for k, (completion, sampled) in enumerate(zip(pack, logprobs, strict=True), start=1):
+            end = start + len(completion)
+            rollout_rows[rollout] = row
+            if completion:
+                input_ids[row, start:end] = torch.tensor(completion)
+                position_ids[row, start:end] = torch.arange(size, size + len(completion))
+                segments[row, start:end] = k
+                completion_ids[rollout, : len(completion)] = torch.tensor(completion)
+                completion_mask[rollout, : len(completion)] = True
+                # the prompt's last state predicts the first token, then the completion's own
+                positions[rollout, 0] = size - 1
+                positions[rollout, 1 : len(completion)] = torch.arange(start, end - 1)
+            if sampled is not None:
+                sampler[rollout, : len(sampled)] = torch.tensor(sampled)
+                has_sampler[rollout] = True
+            start = end
+            rollout += 1
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": (segments != -1).long().to(device),
+        "segments": segments.to(device),
+        "position_ids": position_ids.to(device),
+        "rollout_rows": rollout_rows.to(device),
         "completion_ids": completion_ids.to(device),
         "completion_mask": completion_mask.to(device),
         "predict_positions": positions.to(device),
