@@ -90,6 +90,7 @@ def adam_steps(version: Path) -> set[int]:
     return {int(moments["step"]) for moments in state.values()}
 
 
+@pytest.mark.slow
 def test_a_long_campaign_keeps_its_newest_versions_and_resumes(
     tiny_model: str, tmp_path: Path
 ) -> None:
@@ -200,6 +201,27 @@ def test_a_follower_keeps_what_workers_may_use_and_merged_copies_of_the_two_newe
     dtype = str(preferred_dtype("cpu")).removeprefix("torch.")
     assert json.loads((copy / "config.json").read_text())["dtype"] == dtype
     assert not (copy / "adapter_config.json").exists()
+
+
+@pytest.mark.slow
+def test_the_in_process_vllm_engine_leaves_no_merged_copy_behind(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """A LoRA campaign on vLLM in process: each version is merged for the engine, which loads
+    it; after every iteration, no copy is left on disk."""
+    from conftest import require_vllm
+
+    require_vllm()
+    store = Store.open(tmp_path / "c.db")
+    folder = tmp_path / "c.policies" / "three"
+    seen: list[list[str]] = []
+    config = build(settings(tiny_model, backend="vllm", iterations=6, concurrency=2))
+    campaign_id = run_campaign(
+        config, store, Three(), on_progress=lambda *_: seen.append(listing(folder))
+    )
+    assert [p.step for p in store.policies(campaign_id)] == list(range(1, 7))
+    assert any(seen) and not any(n.endswith("-merged") for names in seen for n in names)
+    assert listing(folder) == [step_name(s) for s in (4, 5, 6)]
 
 
 def test_a_merged_copy_is_written_for_the_trainers_engine_and_removed_once_loaded(
