@@ -219,7 +219,9 @@ def test_a_non_finite_step_publishes_no_version_and_is_counted(
 
     store = Store.open(tmp_path / "c.db")
     # The tiny model's groups are flat: without this no pass runs and no norm is taken.
-    config = build(settings(tiny_model, iterations=4, train_every=2, skip_zero_advantage=False))
+    config = build(
+        settings(tiny_model, iterations=4, train_every=2, skip_zero_advantage=False, kl_beta=0.0)
+    )
     campaign_id = run_campaign(config, store, CirclePacking(), on_progress=progress)
     assert len(calls) == 2
     policies = store.policies(campaign_id)
