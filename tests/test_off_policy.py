@@ -1,8 +1,11 @@
 """The PPO ratio against the sampler's own log-probs: 1 on a group the current weights sampled,
-away from 1 (and clipped) on a group an older policy version sampled."""
+away from 1 (and clipped) on a group an older policy version sampled; recomputed for rollouts the
+current weights sampled from another distribution than the trainer computes (the fresh-gap
+guard)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import replace
 from typing import Any
@@ -13,6 +16,7 @@ import torch
 
 from harness.llm.base import Completion, Sampling
 from harness.llm.transformers_backend import TransformersGenerator, sampling_logprobs
+from trainer import train
 from trainer.logprobs import nucleus_log_mass, token_batch, token_logprobs
 from trainer.loss import LossConfig
 from trainer.policy import Policy, PolicyConfig
@@ -66,6 +70,7 @@ def test_a_fresh_group_has_ratio_one_and_nothing_clipped(policy: Policy) -> None
     metrics = train_step(policy, groups, STEP, generator=torch.Generator().manual_seed(0))
     assert metrics.sampler_fraction == 1.0 and metrics.staleness == 0.0
     assert metrics.fresh_gap is not None and metrics.fresh_gap < 1e-4
+    assert metrics.mismatched == 0
     assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-4)
     assert metrics.clip_fraction == 0.0
 
@@ -98,6 +103,7 @@ def test_a_group_two_versions_old_has_its_ratio_clipped(policy: Policy) -> None:
     before = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
     stale = train_step(policy, old, STEP, generator=torch.Generator().manual_seed(3))
     assert stale.staleness == 2.0 and stale.sampler_fraction == 1.0 and stale.fresh_gap is None
+    assert stale.mismatched == 0  # only rollouts of the current weights are compared
     assert abs(stale.mean_ratio - 1.0) > 1e-3
     assert stale.clip_fraction > 0.0
 
@@ -141,3 +147,79 @@ def test_a_log_prob_list_that_does_not_fit_the_completion_is_not_used(policy: Po
         broken.append(Rollout(rollout.prompt_ids, rollout.completion_ids, logprobs, 0))
     metrics = train_step(policy, [Group(broken, group.scores, group.mask)], STEP)
     assert metrics.sampler_fraction == 0.0
+
+
+def hf_sample(policy: Policy, seed: int, **knobs: float) -> list[Completion]:
+    """4 completions of each prompt from Hugging Face's own sampler (`generate`) at SAMPLING's
+    temperature and top-p plus `knobs`, each token's log-prob read from the scores it drew from
+    (after every logits processor: penalties, temperature, top-k, top-p)."""
+    completions = []
+    tokenizer = policy.tokenizer
+    for messages in MESSAGES:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        prompt = list(getattr(prompt, "input_ids", prompt))
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = policy.model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones((1, len(prompt)), dtype=torch.long),
+                do_sample=True,
+                temperature=SAMPLING.temperature,
+                top_p=SAMPLING.top_p,
+                max_new_tokens=SAMPLING.max_tokens,
+                num_return_sequences=4,
+                output_scores=True,
+                return_dict_in_generate=True,
+                pad_token_id=tokenizer.pad_token_id,
+                **knobs,
+            )
+        steps = torch.stack(out.scores, dim=1).log_softmax(dim=-1)  # (4, T, V)
+        for row, sequence in enumerate(out.sequences[:, len(prompt) :].tolist()):
+            if tokenizer.eos_token_id in sequence:
+                sequence = sequence[: sequence.index(tokenizer.eos_token_id) + 1]
+            logprobs = [float(steps[row, t, token]) for t, token in enumerate(sequence)]
+            completions.append(
+                Completion("", tuple(sequence), tuple(logprobs), "stop", tuple(prompt))
+            )
+    return completions
+
+
+@pytest.mark.parametrize(
+    ("knobs", "set_aside"),
+    [
+        ({"top_k": 0, "repetition_penalty": 1.0}, False),  # what the trainer models
+        ({"top_k": 20, "repetition_penalty": 1.05}, True),  # Qwen2.5 Instruct's defaults
+    ],
+)
+def test_a_sampler_of_another_distribution_is_set_aside_and_said_once(
+    policy: Policy,
+    knobs: dict[str, float],
+    set_aside: bool,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rollouts the current weights sampled with top_k 20 and a repetition penalty (what a
+    server applies from the model's generation_config.json) are far beyond rounding from the
+    trainer's log-probs: their old log-probs are recomputed (ratio 1), the step counts them, and
+    the trainer warns once with the likely cause. Honest ones keep the sampler's."""
+    monkeypatch.setattr(train, "_mismatch_said", False)
+    caplog.set_level(logging.WARNING, logger="trainer.train")
+    rng = np.random.default_rng(4)
+    steps = []
+    for seed in (7, 8):  # two steps, each on rollouts the weights it starts from sampled
+        group = group_of(hf_sample(policy, seed, **knobs), policy.step, rng)
+        steps.append(train_step(policy, [group], STEP, generator=torch.Generator().manual_seed(0)))
+    trainer_said = [record for record in caplog.records if record.name == "trainer.train"]
+    for metrics in steps:
+        assert metrics.fresh_gap is not None
+        assert metrics.mismatched == (metrics.rollouts if set_aside else 0)
+        assert metrics.sampler_fraction == (0.0 if set_aside else 1.0)
+    if set_aside:
+        assert steps[0].fresh_gap > 1.0
+        assert steps[0].mean_ratio == pytest.approx(1.0, abs=1e-6)
+        (said,) = trainer_said  # two steps, one warning
+        assert "server's sampling settings" in said.getMessage()
+        assert "--generation-config vllm" in said.getMessage()
+    else:
+        assert steps[0].fresh_gap < 1e-3
+        assert trainer_said == []

@@ -2,12 +2,15 @@
 token counts the campaign plans prompts with, an idle engine's CPU, and in-loop training.
 
 The model is conftest's `tiny_model` (one attention head of 64, which vLLM's CPU attention
-takes). The engine starts once for the module, in about 10 s.
+takes), with Qwen2.5 Instruct's sampling defaults in its generation_config.json, which the
+engine must not apply. The engine starts once for the module, in about 10 s.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,11 +37,24 @@ MAX_MODEL_LEN = 1024
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model: str) -> Iterator[VLLMGenerator]:
+def qwen_defaults(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny model whose generation_config.json asks for Qwen2.5 Instruct's sampling: over
+    its nearly flat 49k tokens, a top_k of 20 would put the engine's log-probs about 7 nats a
+    token from the trainer's."""
+    folder = tmp_path_factory.mktemp("tiny-llama-qwen-defaults") / "model"
+    shutil.copytree(tiny_model, folder)
+    config = folder / "generation_config.json"
+    defaults = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+    config.write_text(json.dumps(json.loads(config.read_text()) | defaults))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def engine(qwen_defaults: str) -> Iterator[VLLMGenerator]:
     require_vllm()
     before = {name: os.environ.get(name) for name in ("LD_PRELOAD", "LD_LIBRARY_PATH")}
     generator = VLLMGenerator(
-        tiny_model, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, dtype="float32"
+        qwen_defaults, max_model_len=MAX_MODEL_LEN, kv_cache_gib=0.25, dtype="float32"
     )
     # vLLM writes these for worker processes an in-process engine never starts; the sandbox
     # would inherit them.
@@ -73,6 +89,31 @@ def test_seeded_samples_of_more_prompt_tokens_than_one_engine_step(
     groups = engine.generate(prompts, 2, sampling)
     assert [len(group) for group in groups] == [2] * 6
     assert all(c.token_ids for group in groups for c in group)
+
+
+def test_the_engine_samples_what_the_trainer_models_not_the_models_defaults(
+    engine: VLLMGenerator, tiny_model: str
+) -> None:
+    """The model asks for top_k 20 and repetition_penalty 1.05; the engine's defaults are
+    vLLM's neutral ones, and a step on its samples finds the sampler's log-probs equal to the
+    trainer's (the fresh gap is rounding, no rollout set aside)."""
+    import torch
+
+    from trainer.policy import Policy, PolicyConfig
+    from trainer.train import Group, Rollout, TrainConfig, train_step
+
+    defaults = engine.engine.get_default_sampling_params()
+    assert defaults.top_k in (0, -1) and defaults.repetition_penalty == 1.0
+    sampling = Sampling(temperature=0.8, top_p=0.95, max_tokens=8, seed=2)
+    completions = [c for group in engine.generate(PROMPTS, 3, sampling) for c in group]
+    policy = Policy.load(tiny_model, PolicyConfig(reference=False))
+    policy.autocast_dtype = torch.float32  # as the engine computes
+    rollouts = [Rollout(c.prompt_token_ids or (), c.token_ids, c.logprobs, 0) for c in completions]
+    scores = np.random.default_rng(0).uniform(size=(len(rollouts), 1, 2))
+    group = Group(rollouts, scores, np.ones((len(rollouts), 1), dtype=bool))
+    metrics = train_step(policy, [group], TrainConfig(temperature=0.8, top_p=0.95))
+    assert metrics.fresh_gap is not None and metrics.fresh_gap < 1e-3
+    assert metrics.mismatched == 0 and metrics.sampler_fraction == 1.0
 
 
 def test_context_tokens_is_the_engines_max_model_len(engine: VLLMGenerator) -> None:

@@ -11,7 +11,11 @@ The PPO ratio's old log-probs are the sampler's own, where the backend reported 
 sampled by an older policy version (one step old inside a campaign that trains while the next
 batch generates; many for workers and `vpo train --follow`) then has a ratio away from 1 and the
 clip acts on it. Where a rollout has none, they are recomputed by the current weights (ratio 1)
-and the step's `sampler_fraction` says how many had them.
+and the step's `sampler_fraction` says how many had them. So are they for a rollout the current
+weights sampled whose sampler log-probs are further from the trainer's than rounding goes
+(`TrainConfig.mismatch_gap`): its sampler drew from another distribution than the trainer
+computes (a server's top_k or repetition penalty); the step counts them (`mismatched`) and the
+first such step says so in a warning.
 
 This module knows nothing of the harness or the database: groups come in as token lists and
 score arrays. On several processes (`torchrun` or `accelerate launch` starting
@@ -21,6 +25,7 @@ which reduces the gradients.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -40,6 +45,14 @@ ADVANTAGES = tuple(ESTIMATORS)
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 # At or below this temperature sampling was greedy: the sampler's log-probs are not of logits / T.
 GREEDY = 1e-3
+# A rollout the current weights sampled whose token mean |trainer - sampler| log-prob (nats) is
+# above this was drawn from another distribution than the trainer computes. Measured on SmolLM2
+# (benchmarks/results/fresh_gap.md), per rollout of up to 96 tokens: rounding 0.0000 in fp32 and
+# at most 0.033 with the trainer in bf16; a repetition penalty of 1.05 (Qwen2.5's default) at
+# least 0.117; raw instead of processed log-probs 0.07 to 0.23. Half the PPO clip's range
+# (log 1.2 = 0.18): a smaller systematic error the clip absorbs anyway.
+MISMATCH_GAP = 0.1
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,9 @@ class TrainConfig:
     # policy-gradient term is 0, so the step's gradient is the same but for those rollouts' KL
     # term, and the token count still includes them. On a CPU most early groups are flat.
     skip_zero_advantage: bool = True
+    # The fresh-gap guard: a rollout the current weights sampled whose sampler log-probs are
+    # further than this from the trainer's (token mean, nats) has them recomputed instead.
+    mismatch_gap: float = MISMATCH_GAP
 
     def __post_init__(self) -> None:
         if self.advantage not in ESTIMATORS:
@@ -108,6 +124,8 @@ class TrainConfig:
             raise ValueError("micro_batch, logit_chunk and num_weights must be >= 1")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not self.mismatch_gap > 0:
+            raise ValueError(f"mismatch_gap must be > 0 (inf: off), got {self.mismatch_gap}")
 
 
 @dataclass(frozen=True)
@@ -124,7 +142,8 @@ class StepMetrics:
     sampler_fraction: float  # rollouts whose old log-probs are the sampler's (else recomputed)
     staleness: float | None  # mean policy versions between sampling and this step, where known
     # Token mean |log mu_theta - sampler| over rollouts the current weights sampled: how far the
-    # trainer's and the backend's log-probs of the same distribution are apart (rounding, kernels).
+    # trainer's and the backend's log-probs of the same distribution are apart (rounding, kernels),
+    # or that the backend sampled another distribution (`mismatched`).
     fresh_gap: float | None
     grad_norm: float
     trained: int  # rollouts run through the model (the others had advantage 0 and were skipped)
@@ -141,6 +160,10 @@ class StepMetrics:
     # completion token left within `max_tokens`); None for a step taken. The policy's step
     # counter stays where it was: the next step takes this number again.
     skipped: str | None = None
+    # Rollouts the current weights sampled whose sampler log-probs were set aside for the
+    # recomputed ones: their fresh gap was above `TrainConfig.mismatch_gap` (the sampler drew
+    # from another distribution). Not counted in `sampler_fraction`.
+    mismatched: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -289,7 +312,7 @@ def train_step(
     passes = int(parallel.max(math.ceil(len(order) / config.micro_batch)))
     pad = policy.tokenizer.pad_token_id or 0
     sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
-    gap, gap_tokens = 0.0, 0
+    gap, gap_tokens, mismatched = 0.0, 0, 0
     for index in range(passes):
         chosen = order[index * config.micro_batch : (index + 1) * config.micro_batch]
         # An empty pass (this process has run out of rollouts) is one token of weight 0.
@@ -309,14 +332,21 @@ def train_step(
         sampled = batch["sampler_logprobs"]
         if log_mass is not None:
             sampled = sampled + log_mass
-        has = batch["has_sampler"].unsqueeze(-1)
-        old = torch.where(has, sampled, logprobs.detach())
-        fresh = has & batch["completion_mask"]
-        fresh &= torch.tensor(
-            [rollouts[i].version == policy.step for i in chosen] or [False], device=fresh.device
-        ).unsqueeze(-1)
-        gap += float(((logprobs.detach() - old).abs() * fresh).sum())
-        gap_tokens += int(fresh.sum())
+        # Rollouts the current weights sampled: both log-probs are of one distribution, apart
+        # by rounding alone. One far beyond that was drawn from another distribution (a server
+        # that applied top_k or a repetition penalty); its ratio would be off on every token,
+        # so its old log-probs are recomputed, as for a rollout without sampler log-probs.
+        has = batch["has_sampler"]
+        fresh = has & torch.tensor(
+            [rollouts[i].version == policy.step for i in chosen] or [False], device=has.device
+        )
+        tokens = batch["completion_mask"] & fresh.unsqueeze(-1)
+        gaps, row_gaps = sampler_gaps(logprobs.detach(), sampled, tokens)
+        off = row_gaps > config.mismatch_gap
+        old = torch.where((has & ~off).unsqueeze(-1), sampled, logprobs.detach())
+        gap += float(gaps.sum())
+        gap_tokens += int(tokens.sum())
+        mismatched += int(off.sum())
         values = torch.tensor(
             [advantages.per_rollout[i] for i in chosen] or [0.0],
             dtype=logprobs.dtype,
@@ -342,6 +372,8 @@ def train_step(
             sums["kl"] += parts.kl
             sums["clipped"] += parts.clipped
             sums["ratio"] += parts.ratio
+    if mismatched:
+        _warn_mismatch(mismatched, gap / max(gap_tokens, 1), config)
     # The per-token metrics are over the tokens that ran (a fresh step's ratio is 1, not 0).
     ran = max(sum(len(rows[i][1]) for i in order), 1)
     grad_norm = 0.0
@@ -367,7 +399,8 @@ def train_step(
         kl=sums["kl"] / ran,
         clip_fraction=sums["clipped"] / ran,
         mean_ratio=sums["ratio"] / ran if order else 1.0,
-        sampler_fraction=sum(1 for row in rows if row[2] is not None) / max(len(rows), 1),
+        sampler_fraction=(sum(1 for row in rows if row[2] is not None) - mismatched)
+        / max(len(rows), 1),
         staleness=_staleness(rollouts, number - 1),
         fresh_gap=gap / gap_tokens if gap_tokens else None,
         grad_norm=grad_norm,
@@ -380,7 +413,36 @@ def train_step(
         advantage=config.advantage,
         cut_rollouts=shortened,
         skipped=skipped,
+        mismatched=mismatched,
     )
+
+
+_mismatch_said = False
+
+
+def _warn_mismatch(rollouts: int, fresh_gap: float, config: TrainConfig) -> None:
+    """Say once per process that the sampler drew from another distribution, why, and the fix."""
+    global _mismatch_said
+    if _mismatch_said:
+        return
+    _mismatch_said = True
+    log.warning(
+        f"the sampler's log-probs of {rollouts} rollouts the current weights sampled are "
+        f"{fresh_gap:.3f} nats a token from the trainer's (token mean; rounding stays under "
+        f"{config.mismatch_gap}): they come from another distribution than temperature "
+        f"{config.temperature:g} and top-p {config.top_p:g}, so those rollouts' ratios use "
+        "recomputed log-probs (`mismatched` in each step's metrics counts them; said once). "
+        "Likely cause: the server's sampling settings (top_k, min_p or a repetition penalty "
+        "from the model's generation_config.json or extra_body). Fix: start vllm serve with "
+        "--logprobs-mode processed_logprobs --generation-config vllm (docs/scale.md)"
+    )
+
+
+def sampler_gaps(logprobs: Tensor, sampled: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """|trainer - sampler| log-prob of each token `tokens` marks, 0 elsewhere (N, C), and each
+    row's mean of it over its marked tokens (N,), 0 for a row with none."""
+    gaps = (logprobs - sampled).abs() * tokens
+    return gaps, gaps.sum(dim=-1) / tokens.sum(dim=-1).clamp(min=1)
 
 
 def _nothing_left(shortened: int, rollouts: int, max_tokens: int) -> str:
