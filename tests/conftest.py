@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from sqlalchemy import func, select, text
@@ -258,26 +258,52 @@ def sqlite_database(tmp_path: Path) -> str:
     return fill_small_campaign(str(tmp_path / "small.db"))
 
 
+# The sandbox's isolation: what the host allows
+
+REQUIRE_SANDBOX = os.environ.get("VPO_REQUIRE_SANDBOX") == "1"
+
+
+def missing_isolation(reason: str) -> NoReturn:
+    """Skip a test of isolation this host does not allow (root, control groups, namespaces,
+    mounts), saying why; $VPO_REQUIRE_SANDBOX=1 (set in CI) turns the skip into a failure."""
+    if REQUIRE_SANDBOX:
+        pytest.fail(f"{reason} (VPO_REQUIRE_SANDBOX=1)", pytrace=False)
+    pytest.skip(reason)
+
+
+def needs_isolation(available: bool, reason: str) -> pytest.MarkDecorator:
+    """`skipif(not available)` for isolation the host may lack, under $VPO_REQUIRE_SANDBOX."""
+    return pytest.mark.isolation(available=available, reason=reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("isolation"):
+        if not mark.kwargs["available"]:
+            missing_isolation(mark.kwargs["reason"])
+
+
 @contextlib.contextmanager
 def read_only_folder(folder: Path) -> Iterator[Path]:
     """`folder` seen through a path where nothing can be created or written.
 
     As root, permissions stop nothing, so the path is a read-only bind mount of `folder`;
     other users get `folder` itself made read-only (chmod), which does stop them. Skips only
-    when neither makes the path really read-only (no mount in this container, say)."""
+    when neither makes the path really read-only (no mount in this container, say), and fails
+    then under $VPO_REQUIRE_SANDBOX=1."""
     if os.geteuid() == 0:
         view = folder.with_name(folder.name + "-ro")
         view.mkdir()
         bound = subprocess.run(["mount", "--bind", str(folder), str(view)], capture_output=True)
         if bound.returncode != 0:
             view.rmdir()
-            pytest.skip(f"cannot bind-mount a folder here: {bound.stderr.decode().strip()}")
+            missing_isolation(f"cannot bind-mount a folder here: {bound.stderr.decode().strip()}")
         try:
             remounted = subprocess.run(
                 ["mount", "-o", "remount,ro,bind", str(view)], capture_output=True
             )
             if remounted.returncode != 0:
-                pytest.skip(f"cannot remount read-only: {remounted.stderr.decode().strip()}")
+                missing_isolation(f"cannot remount read-only: {remounted.stderr.decode().strip()}")
             _assert_read_only(view)
             yield view
         finally:
@@ -300,7 +326,7 @@ def _assert_read_only(folder: Path) -> None:
     except OSError:
         return
     (folder / "probe").unlink()
-    pytest.skip(f"{folder} could not be made read-only")
+    missing_isolation(f"{folder} could not be made read-only")
 
 
 @contextlib.contextmanager

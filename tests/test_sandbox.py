@@ -7,6 +7,7 @@ outside the candidate's temporary folder may change.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_a_candidates_sight
+from conftest import in_a_candidates_sight, missing_isolation, needs_isolation
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -64,15 +65,52 @@ def run(sandbox: Sandbox, code: str, *args: object, **limits: float) -> Outcome:
 
 
 def _candidate_processes() -> list[str]:
-    found = []
-    for status in Path("/proc").glob("[0-9]*/status"):
+    """Processes running as a sandbox uid this process answers for: one it holds now (its
+    sandboxes are idle between tests), or one it held before that nobody holds now, looked at
+    while this process holds that uid's lock for a moment, so that no sandbox can start a
+    candidate under it meanwhile. A uid it freed that another process (a second test suite on
+    this machine) has claimed since is that process's, and so are its candidates."""
+    uids = _uids_locked_here()
+    probes = []
+    try:
+        for uid in sorted(confinement.claimed_here - uids):
+            try:
+                fd = os.open(confinement._LOCKS / f"{uid}.lock", os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another process's now
+                os.close(fd)
+                continue
+            probes.append(fd)
+            uids.add(uid)
+        found = []
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            except (OSError, ValueError):
+                continue
+            if int(fields["Uid"].split()[0]) in uids:
+                found.append(f"{status.parent.name} {fields['Name'].strip()}")
+        return found
+    finally:
+        for fd in probes:
+            os.close(fd)
+
+
+def _uids_locked_here() -> set[int]:
+    """The sandbox uids whose lock files this process has open: the ones it holds (a claim
+    keeps the file open, locked, for the slot's life)."""
+    uids = set()
+    for link in Path("/proc/self/fd").iterdir():
         try:
-            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
-        except (OSError, ValueError):
+            target = Path(os.readlink(link))
+        except OSError:
             continue
-        if int(fields["Uid"].split()[0]) in confinement.claimed_here:
-            found.append(f"{status.parent.name} {fields['Name'].strip()}")
-    return found
+        if target.parent == confinement._LOCKS and target.suffix == ".lock":
+            uids.add(int(target.stem))
+    return uids
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -96,7 +134,7 @@ def _alive(pid: int) -> bool:
 
 def _isolated(outcome: Outcome, what: str) -> None:
     if what not in outcome.isolation:
-        pytest.skip(f"this OS did not allow {what}: {outcome.warnings}")
+        missing_isolation(f"this OS did not allow {what}: {outcome.warnings}")
 
 
 # --- data in, data out ---------------------------------------------------------------------
@@ -467,7 +505,7 @@ def test_cannot_kill_the_harness_or_the_workers(sandbox: Sandbox) -> None:
     assert run(sandbox, "def f(): return 2").value == 2
 
 
-@pytest.mark.skipif(not ROOT, reason="the uid switch happens only when the harness is root")
+@needs_isolation(ROOT, "the uid switch happens only when the harness is root")
 def test_runs_as_an_unprivileged_uid(sandbox: Sandbox) -> None:
     outcome = run(sandbox, "import os\ndef f(): return [os.getuid(), os.geteuid(), os.getgroups()]")
     uid = outcome.value[0]
@@ -517,7 +555,7 @@ def test_close_leaves_no_process() -> None:
         single.run("def f(): return 1", "f")
 
 
-@pytest.mark.skipif(not ROOT, reason="needs root to start the harness as another user")
+@needs_isolation(ROOT, "needs root to start the harness as another user")
 def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     """Not root: a user namespace stands in for the uid switch."""
     python = next(
@@ -529,7 +567,7 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
         None,
     )
     if python is None:
-        pytest.skip("no Python here that an unprivileged user may run")
+        missing_isolation("no Python here that an unprivileged user may run")
     script = textwrap.dedent(
         f"""
         import sys
@@ -543,7 +581,7 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     result = _as_nobody([python, "-c", script])
     assert result.returncode == 0, result.stderr
     if "user-namespace" not in result.stdout:
-        pytest.skip(f"user namespaces are not allowed here: {result.stdout}")
+        missing_isolation(f"user namespaces are not allowed here: {result.stdout}")
     assert result.stdout.startswith("ok [1, 65534]")
     kinds = ("net-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem", "seccomp")
     for kind in kinds:
@@ -551,7 +589,7 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     assert "control groups need root" in result.stdout  # said, not silently missing
 
 
-@pytest.mark.skipif(not ROOT, reason="needs root to start the harness as another user")
+@needs_isolation(ROOT, "needs root to start the harness as another user")
 def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
     """The user-namespace path covers the same paths: the problems' data are gone for the
     candidate of an unprivileged harness, readable to it when nothing is hidden, and gone again
@@ -559,7 +597,7 @@ def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
     lies there, since every candidate has a private /tmp, hidden data or not.)"""
     python = _python_for_nobody()
     if python is None:
-        pytest.skip("no Python here that an unprivileged user may run")
+        missing_isolation("no Python here that an unprivileged user may run")
     data = PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"
     with in_a_candidates_sight(data) as in_sight:
         script = textwrap.dedent(
@@ -585,7 +623,7 @@ def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
     assert result.returncode == 0, result.stderr
     (hidden, isolation, warnings), (shown, _, _), (per_call, _, _) = json.loads(result.stdout)
     if "user-namespace" not in isolation:
-        pytest.skip(f"user namespaces are not allowed here: {warnings}")
+        missing_isolation(f"user namespaces are not allowed here: {warnings}")
     assert "private-paths-hidden" in isolation
     assert hidden == per_call == "FileNotFoundError"
     assert shown == data.stat().st_size
