@@ -100,21 +100,7 @@ class Training(Database):
         """
         try:
             with self._writing() as connection:
-                marked = connection.execute(
-                    update(GROUP)
-                    .where(
-                        GROUP.c.campaign_id == campaign_id,
-                        GROUP.c.id.in_(list(group_ids)),
-                        GROUP.c.train_step.is_(None),
-                        GROUP.c.train_skipped.is_(None),
-                    )
-                    .values(train_step=step)
-                ).rowcount
-                if marked != len(set(group_ids)):
-                    raise UserError(
-                        f"training step {step}: {len(set(group_ids)) - marked} of its groups "
-                        "were used by another step; is another trainer running?"
-                    )
+                _take_groups(connection, campaign_id, group_ids, step, train_step=step)
                 now = utc_now()
                 policy_id = connection.execute(
                     insert(POLICY).returning(POLICY.c.id),
@@ -152,21 +138,7 @@ class Training(Database):
 
         Raises UserError, writing nothing, when a group was taken already."""
         with self._writing() as connection:
-            marked = connection.execute(
-                update(GROUP)
-                .where(
-                    GROUP.c.campaign_id == campaign_id,
-                    GROUP.c.id.in_(list(group_ids)),
-                    GROUP.c.train_step.is_(None),
-                    GROUP.c.train_skipped.is_(None),
-                )
-                .values(train_skipped=reason)
-            ).rowcount
-            if marked != len(set(group_ids)):
-                raise UserError(
-                    f"training step {step}: {len(set(group_ids)) - marked} of its groups were "
-                    "used by another step; is another trainer running?"
-                )
+            _take_groups(connection, campaign_id, group_ids, step, train_skipped=reason)
             payload = {**finite(metrics), "step": step, "skipped": reason}
             log_event(connection, campaign_id, "train_skipped", payload, utc_now())
 
@@ -250,3 +222,24 @@ def _training_rollout(
 
 def _policy_record(row: Any) -> PolicyRecord:
     return PolicyRecord(row.id, row.campaign_id, row.step, row.path, row.metrics, row.created_at)
+
+
+def _take_groups(
+    connection: Any, campaign_id: int, group_ids: Sequence[int], step: int, **values: Any
+) -> None:
+    """Set `values` on the groups no step has taken yet; UserError when one was taken."""
+    marked = connection.execute(
+        update(GROUP)
+        .where(
+            GROUP.c.campaign_id == campaign_id,
+            GROUP.c.id.in_(list(group_ids)),
+            GROUP.c.train_step.is_(None),
+            GROUP.c.train_skipped.is_(None),
+        )
+        .values(**values)
+    ).rowcount
+    if marked != len(set(group_ids)):
+        raise UserError(
+            f"training step {step}: {len(set(group_ids)) - marked} of its groups were used by "
+            "another step; is another trainer running?"
+        )
