@@ -121,7 +121,7 @@ def reading(rows: list[tuple[str, str, dict[str, float]]], threshold: float) -> 
     )
     return (
         f"The guard sets aside a fresh rollout whose gap is above `MISMATCH_GAP` = {threshold}. "
-        f"Honest rollouts reach at most {honest:.3f} (rounding: {exact:.1e} with both in fp32, "
+        f"Honest rollouts reach at most {honest:.3f} (rounding: {exact:.4f} with both in fp32, "
         f"the rest from the trainer's bf16); every rollout sampled with a repetition penalty "
         f"is at least {penalised:.3f}.{under if partly else ''}"
     )
