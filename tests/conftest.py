@@ -40,6 +40,14 @@ from harness.store import Store
 # cache holds far more than they ask for, where the default 4 GiB per engine would add up when
 # several workers run at once. Subprocesses inherit it.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# OpenMP threads that wait at a barrier by spinning (libgomp's default) lose badly where more
+# processes want the CPU than it has cores, as on a 2-core machine the suite shares: each of
+# torch's parallel regions then waits for a peer thread the kernel has descheduled. Under a load
+# of 3 to 4 on 2 cores, a linear layer of SmolLM2's decode took 7.6 ms with 2 spinning threads
+# against 0.19 ms with waiting threads that sleep, and a 3-iteration SmolLM2 campaign with 3
+# training steps 317 s against 65 s. Set before torch is first imported (a test module does);
+# the `vpo` processes the tests start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 PROJECT = Path(__file__).resolve().parents[1]
 

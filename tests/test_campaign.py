@@ -18,6 +18,7 @@ from harness.sandbox import Sandbox
 from harness.selection import Selection
 from harness.store import Store
 from harness.views import summary_json
+from problems.api import Infeasible, Objective, Problem
 from problems.circle_packing import SEED_PROGRAM, CirclePacking
 
 
@@ -333,6 +334,25 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
     assert "one candidate per rollout" in fails(grpo)
 
 
+class Three(Problem):
+    """A problem whose prompt is 366 SmolLM2 tokens where circle packing's is 1,207: a training
+    step on the CPU costs in proportion to the tokens (a step of 2 rollouts of circle packing
+    took 90 to 140 s on 2 busy cores), and which problem a campaign evolves is beside the point
+    of a test of its training."""
+
+    name = "three"
+    description = "Return a number as close to 3 as you can."
+    seed_program = "def answer():\n    return 1.0\n"
+    entry = "answer"
+    objectives = (Objective("closeness", "max", 1.0, "by definition"),)
+    edits = False
+
+    def score(self, call: object, value: object) -> dict[str, float]:
+        if not isinstance(value, float):
+            raise Infeasible("not a float")
+        return {"closeness": 1.0 / (1.0 + abs(value - 3.0))}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
@@ -345,7 +365,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     from trainer.models import load_model
 
     settings = {
-        "problem": "circle_packing",
+        "problem": "three",
         "model": "smollm2",
         "backend": "transformers",  # the generator shares the trainer's weights
         "group_size": 2,
@@ -360,7 +380,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     }
     config = build(settings)
     store = Store.open(tmp_path / "smollm2.db")
-    campaign_id = run_campaign(config, store, CirclePacking())
+    campaign_id = run_campaign(config, store, Three())
     policies = store.policies(campaign_id)
     assert [p.step for p in policies] == [1, 2, 3]
     assert all(p.metrics["tokens"] > 0 and p.metrics["loss"] == p.metrics["loss"] for p in policies)
@@ -373,7 +393,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
 
     # The weights moved away from the embedded model's.
     start = load_model("smollm2", dtype=torch.float32)
-    trainer = start_trainer(config, store, campaign_id, "circle_packing", ["n26", "n32", "rect21"])
+    trainer = start_trainer(config, store, campaign_id, "three", ["closeness"])
     assert trainer is not None and trainer.policy.step == 3
     changed = [
         name
