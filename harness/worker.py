@@ -24,6 +24,8 @@ from harness.store import Store
 from harness.training import base_generator, resolve_backend
 from problems.api import Problem
 
+VERSION_TRIES = 5  # loads of a version pruned meanwhile, each retried with a newer one
+
 
 def run_worker(
     config: CampaignConfig,
@@ -55,10 +57,7 @@ def run_worker(
         streak = FailureStreak(config.max_failures)
         try:
             while True:
-                latest = store.latest_policy(campaign_id)
-                if generator is None or (latest is not None and latest.id != loaded):
-                    generator = _worker_generator(config, name, latest, generator)
-                    loaded = None if latest is None else latest.id
+                generator, loaded = _newest(store, campaign_id, config, name, generator, loaded)
                 settings = loop_settings(config, generator)
                 claimed = _claim(store, campaign_id, worker, config, settings, lease_seconds)
                 if not claimed:
@@ -151,6 +150,34 @@ def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem)
         except UserError:
             continue  # another worker created it a moment ago
     raise UserError(f"could not create or find campaign {name!r} in {store.where}")
+
+
+def _newest(
+    store: Store,
+    campaign_id: int,
+    config: CampaignConfig,
+    campaign_name: str,
+    generator: Generator | None,
+    loaded: int | None,
+) -> tuple[Generator, int | None]:
+    """The generator sampling from the newest policy version, and that version's id.
+
+    A version can vanish while a slow worker loads it: the trainer keeps only the newest few
+    (`keep_versions`), so several steps taken meanwhile prune it. A load that fails while a
+    newer version has been recorded is retried with that one (up to VERSION_TRIES times)."""
+    failures = 0
+    while True:
+        latest = store.latest_policy(campaign_id)
+        if generator is not None and (latest is None or latest.id == loaded):
+            return generator, loaded
+        try:
+            generator = _worker_generator(config, campaign_name, latest, generator)
+            return generator, None if latest is None else latest.id
+        except Exception:
+            failures += 1
+            newer = store.latest_policy(campaign_id)
+            if failures >= VERSION_TRIES or None in (latest, newer) or newer.id == latest.id:
+                raise
 
 
 def _worker_generator(

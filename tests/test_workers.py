@@ -125,3 +125,53 @@ def test_worker_and_follow_errors_are_one_line(
     assert process.returncode != 0
     assert words in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+class _Racing(Store):
+    """A store on which the trainer records version 2 (and prunes version 1) right after a
+    worker has read that version 1 is the newest: the race a slow worker loses."""
+
+    newer: Path
+
+    def latest_policy(self, campaign_id: int):  # type: ignore[no-untyped-def]
+        latest = super().latest_policy(campaign_id)
+        if latest is not None and latest.step == 1:
+            self.record_train_step(campaign_id, step=2, path=str(self.newer), metrics={},
+                                   group_ids=[])  # fmt: skip
+        return latest
+
+
+def test_a_worker_whose_version_was_pruned_while_it_loaded_takes_the_newer_one(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    from harness.config import CampaignConfig
+    from harness.worker import _newest
+
+    config = CampaignConfig(model=tiny_model, backend="transformers")
+    with _Racing.open(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        store.newer = Path(tiny_model)
+        campaign = store.create_campaign("w", "circle_packing", {}, 0)
+        gone = str(tmp_path / "policies" / "step-000001")  # pruned: never on disk here
+        store.record_train_step(campaign, step=1, path=gone, metrics={}, group_ids=[])
+        generator, loaded = _newest(store, campaign, config, "w", None, None)
+        try:
+            assert loaded == store.latest_policy(campaign).id  # version 2's
+            assert store.latest_policy(campaign).step == 2
+        finally:
+            generator.close()
+
+
+def test_a_worker_whose_newest_version_is_missing_stops_with_one_line(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    from harness.config import CampaignConfig
+    from harness.errors import UserError
+    from harness.worker import _newest
+
+    config = CampaignConfig(model=tiny_model, backend="transformers")
+    with Store.open(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        campaign = store.create_campaign("w", "circle_packing", {}, 0)
+        gone = str(tmp_path / "policies" / "step-000001")
+        store.record_train_step(campaign, step=1, path=gone, metrics={}, group_ids=[])
+        with pytest.raises(UserError, match="step-000001' does not exist"):
+            _newest(store, campaign, config, "w", None, None)
