@@ -26,6 +26,7 @@ which reduces the gradients.
 from __future__ import annotations
 
 import logging
+import itertools
 import math
 import time
 from collections.abc import Sequence
@@ -37,7 +38,16 @@ import torch
 from torch import Tensor
 
 from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
-from trainer.logprobs import completion_logprobs, cut, token_batch, token_logprobs
+from trainer.logprobs import (
+    PACKABLE,
+    Row,
+    attention_kind,
+    completion_logprobs,
+    cut,
+    pack_batch,
+    token_batch,
+    token_logprobs,
+)
 from trainer.loss import LossConfig, policy_loss
 from trainer.policy import Policy
 
@@ -112,6 +122,10 @@ class TrainConfig:
     # The fresh-gap guard: a rollout the current weights sampled whose sampler log-probs are
     # further than this from the trainer's (token mean, nats) has them recomputed instead.
     mismatch_gap: float = MISMATCH_GAP
+    # Each group's prompt runs forward and backward once for all its completions (packed in
+    # one row under a block attention mask; Prefix Grouper, arXiv 2506.05433), not once per
+    # rollout: the same loss and gradients, G times less prompt work. Off: a row per rollout.
+    shared_prompt: bool = True
 
     def __post_init__(self) -> None:
         if self.advantage not in ESTIMATORS:
@@ -164,6 +178,10 @@ class StepMetrics:
     # recomputed ones: their fresh gap was above `TrainConfig.mismatch_gap` (the sampler drew
     # from another distribution). Not counted in `sampler_fraction`.
     mismatched: int = 0
+    # Rollouts trained in a row of their own, their prompt not shared: no other rollout of the
+    # step's pass had the same prompt, `shared_prompt` is off, or the model's attention
+    # implementation takes no block mask (PACKABLE).
+    unshared: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -309,15 +327,17 @@ def train_step(
     order = [i for i in order if rows[i][1]]
     if config.skip_zero_advantage:
         order = [i for i in order if advantages.per_rollout[i] != 0]
-    passes = int(parallel.max(math.ceil(len(order) / config.micro_batch)))
+    shared = config.shared_prompt and attention_kind(policy.model) in PACKABLE
+    plan = plan_passes(rows, order, config.micro_batch, shared=shared)
+    unshared = sum(len(pack) for packs in plan for pack in packs if len(pack) == 1)
+    passes = int(parallel.max(len(plan)))
     pad = policy.tokenizer.pad_token_id or 0
     sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
     gap, gap_tokens, mismatched = 0.0, 0, 0
     for index in range(passes):
-        chosen = order[index * config.micro_batch : (index + 1) * config.micro_batch]
-        # An empty pass (this process has run out of rollouts) is one token of weight 0.
-        batch_rows = [rows[i] for i in chosen] or [([pad], [pad], None)]
-        batch = token_batch(batch_rows, pad, policy.device)
+        packs = plan[index] if index < len(plan) else []
+        chosen = [i for pack in packs for i in pack]
+        batch = pass_batch(rows, packs, pad, policy.device)
         # The wrapper reduces the gradients after the last pass only.
         with parallel.gradient_sync(policy.scorer, index == passes - 1), policy.autocast():
             logprobs, log_mass = token_logprobs(
@@ -414,6 +434,60 @@ def train_step(
         cut_rollouts=shortened,
         skipped=skipped,
         mismatched=mismatched,
+        unshared=unshared,
+    )
+
+
+def plan_passes(
+    rows: Sequence[Row], order: Sequence[int], micro_batch: int, *, shared: bool
+) -> list[list[list[int]]]:
+    """The step's passes (forward and backward), each a list of packs of row indices, at most
+    `micro_batch` rollouts a pass. With `shared`, rows with the same prompt go in one pack
+    (at most `micro_batch` of them: a bigger group is split evenly, its prompt run once per
+    pack),
+    the packs longest first and as many in a pass as fit; otherwise every row is its own pack,
+    in `order`."""
+    if not shared:
+        return [
+            [[i] for i in order[start : start + micro_batch]]
+            for start in range(0, len(order), micro_batch)
+        ]
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i in order:
+        by_prompt.setdefault(tuple(rows[i][0]), []).append(i)
+    packs = []
+    for same in by_prompt.values():
+        count = -(-len(same) // micro_batch)  # packs as even as can be: no lone rollout
+        bounds = [len(same) * k // count for k in range(count + 1)]
+        packs.extend(same[a:b] for a, b in itertools.pairwise(bounds))
+    packs.sort(key=lambda pack: -(len(rows[pack[0]][0]) + sum(len(rows[i][1]) for i in pack)))
+    plan: list[list[list[int]]] = []
+    room = 0
+    for pack in packs:
+        if len(pack) > room:
+            plan.append([])
+            room = micro_batch
+        plan[-1].append(pack)
+        room -= len(pack)
+    return plan
+
+
+def pass_batch(
+    rows: Sequence[Row], packs: Sequence[Sequence[int]], pad: int, device: Any
+) -> dict[str, Tensor]:
+    """The token batch of one pass: packed rows when a pack holds several rollouts, a row per
+    rollout when none does; an empty pass (this process has run out) is one token of weight 0."""
+    if not packs:
+        return token_batch([([pad], [pad], None)], pad, device)
+    if all(len(pack) == 1 for pack in packs):
+        return token_batch([rows[pack[0]] for pack in packs], pad, device)
+    return pack_batch(
+        [
+            (rows[pack[0]][0], [rows[i][1] for i in pack], [rows[i][2] for i in pack])
+            for pack in packs
+        ],
+        pad,
+        device,
     )
 
 
