@@ -25,8 +25,8 @@ which reduces the gradients.
 
 from __future__ import annotations
 
-import logging
 import itertools
+import logging
 import math
 import time
 from collections.abc import Sequence
