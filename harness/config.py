@@ -109,6 +109,9 @@ class TrainSettings:
     # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
     # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
     skip_zero_advantage: bool = True
+    # Each group's prompt runs forward and backward once for all its rollouts (packed under a
+    # block mask), not once per rollout (trainer.train.TrainConfig.shared_prompt).
+    shared_prompt: bool = True
     # Activation checkpointing of the decoder layers: "auto" (on from 1B parameters), on, off.
     gradient_checkpointing: str = "auto"
 
@@ -234,6 +237,7 @@ class CampaignConfig:
     dirichlet_alpha: float = TrainSettings.dirichlet_alpha
     micro_batch: int = TrainSettings.micro_batch
     skip_zero_advantage: bool = TrainSettings.skip_zero_advantage
+    shared_prompt: bool = TrainSettings.shared_prompt
     gradient_checkpointing: str = setting(
         TrainSettings.gradient_checkpointing,
         "recompute layer activations in the backward pass: auto (from 1B parameters), on or "
@@ -393,6 +397,7 @@ class CampaignConfig:
             seed=self.seed,
             duplicate_reward=self.duplicate_reward,
             skip_zero_advantage=self.skip_zero_advantage,
+            shared_prompt=self.shared_prompt,
             gradient_checkpointing=self.gradient_checkpointing,
         )
 

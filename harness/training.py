@@ -108,6 +108,7 @@ def load_policy(
         old_logprobs=settings.old_logprobs,
         max_tokens=settings.sequence_tokens,
         skip_zero_advantage=settings.skip_zero_advantage,
+        shared_prompt=settings.shared_prompt,
     )
     return policy, step
 

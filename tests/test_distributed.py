@@ -151,7 +151,8 @@ def test_two_processes_take_the_same_step_as_one(
     training: tuple[str, str], tiny_model: str, tmp_path: Path
 ) -> None:
     """Two processes, each with half of every batch, sharded by FSDP2 (or whole copies under
-    DDP), end where one process with all of it ends.
+    DDP), end where one process with all of it ends; the two share each prompt over its
+    rollouts (packed under a block mask), the one trains a row per rollout.
 
     FSDP's mixed precision keeps the residual stream in bf16 where the CPU has it, autocast in
     fp32; a LoRA adapter's first Adam steps move each entry by about lr whatever its gradient's
@@ -164,8 +165,10 @@ def test_two_processes_take_the_same_step_as_one(
     lora = ["--lora", "--lora-rank", "4"] if weights == "lora" else []
     alone = ["--sharding", "fsdp"] if training == ("fsdp", "lora") else []
     # `-m harness.cli.train` is `vpo train`, the form `accelerate launch` and torchrun use.
+    # One process trains a row per rollout, the two the default shared-prompt step: the same
+    # update either way.
     one, two = train_together(
-        (ONE, db, tiny_model, tmp_path / "one", *lora, *alone),
+        (ONE, db, tiny_model, tmp_path / "one", *lora, *alone, "--no-shared-prompt"),
         (
             [*TORCHRUN, "-m", "harness.cli.train"],
             *(db, tiny_model, tmp_path / "two", "--sharding", sharding, *lora),
@@ -174,6 +177,8 @@ def test_two_processes_take_the_same_step_as_one(
     assert (one["processes"], one["sharding"]) == (1, "fsdp" if alone else "none")
     assert (two["processes"], two["sharding"]) == (2, sharding)
     assert all(step["zero_std_fraction"] < 1 for step in one["steps"])  # real advantages
+    assert all(s["unshared"] == s["trained"] > 0 for s in one["steps"])
+    assert all(s["unshared"] == 0 < s["trained"] for s in two["steps"])
     # Each process trained on half of each batch's tokens.
     assert [s["tokens"] for s in two["steps"]] != [s["tokens"] for s in one["steps"]]
     assert_same_update(tiny_model, tmp_path / "one", tmp_path / "two")

@@ -1,10 +1,10 @@
-"""Crash torture: a campaign that trains as it goes (`--train-every`) is killed with SIGKILL 20
+"""Crash torture: a campaign that trains as it goes (`--train-every`) is killed with SIGKILL ten
 times, at random moments and inside its most delicate ones (a database transaction, a training
 step, between saving a policy version and recording it), and resumed each time. Afterwards it
 must have finished its budget with nothing lost, nothing twice and the trainer's state in step
 with its recorded versions.
 
-It runs the transformers backend, one iteration at a time, so that its twenty start-ups stay
+It runs the transformers backend, one iteration at a time, so that its ten start-ups stay
 short; tests/test_concurrency.py kills a run with eight iterations in flight, and
 tests/test_workers.py a worker on the default vLLM backend."""
 
@@ -30,7 +30,7 @@ BUDGET, EVERY = 24, 2
 
 
 @pytest.mark.timeout(900)
-def test_a_training_campaign_survives_twenty_kills(tiny_model: str, tmp_path: Path) -> None:
+def test_a_training_campaign_survives_ten_kills(tiny_model: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
     # The tiny model's groups are flat, and a step of flat groups only takes no optimiser step:
     # every step runs here, so the optimiser's step count can be checked against the versions.
@@ -52,8 +52,9 @@ def test_a_training_campaign_survives_twenty_kills(tiny_model: str, tmp_path: Pa
     # commit, so a round records at most one iteration of its own and ends killed however fast
     # the machine is (rounds that outran their timer once spent the budget and exited 0).
     plan: list[tuple[str, object]] = [("fault", point) for point in POINTS]
-    plan += [("work", rng.uniform(0.0, 1.5)) for _ in range(12)]
-    plan += [("start", rng.uniform(0.5, 8.0)) for _ in range(4)]
+    # (Twenty rounds, 12 and 4 of these, took three minutes of a 15-minute test suite.)
+    plan += [("work", rng.uniform(0.0, 1.5)) for _ in range(4)]
+    plan += [("start", rng.uniform(0.5, 8.0)) for _ in range(2)]
     rng.shuffle(plan[len(POINTS) :])
     outcomes = []
     progress = []  # iterations recorded after each round

@@ -113,6 +113,14 @@ def add_commands(commands: Any) -> None:
         f"{TrainSettings.gradient_checkpointing})",
     )
     p.add_argument(
+        "--no-shared-prompt",
+        dest="shared_prompt",
+        action="store_false",
+        default=None,
+        help="train every rollout in a row of its own, its prompt run once per rollout "
+        "(default: each group's prompt runs once for all its rollouts; the same step)",
+    )
+    p.add_argument(
         "--sharding",
         default="auto",
         help="on several processes (torchrun, accelerate launch): fsdp (each process holds a "
@@ -280,6 +288,7 @@ def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
             duplicate_reward=args.duplicate_reward,
             old_logprobs=args.old_logprobs,
             gradient_checkpointing=args.gradient_checkpointing,
+            shared_prompt=args.shared_prompt,
         ),
     )
     if args.learning_rate is None and settings.lora:
@@ -342,6 +351,7 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
         "duplicate_reward": args.duplicate_reward,
         "old_logprobs": args.old_logprobs,
         "gradient_checkpointing": args.gradient_checkpointing,
+        "shared_prompt": args.shared_prompt,
         "policy_dir": None if args.out is None else str(Path(args.out).resolve()),
     }
     if args.lora:
