@@ -2,13 +2,17 @@
 rollout and TRL's GRPOTrainer, on the same tokens.
 
     python benchmarks/train_step_speed.py [--model qwen-coder] [--training lora full]
-        [--shapes 400x60x4 1000x60x8 ...] [--steps 1] [--limit 900] [--no-trl]
+        [--shapes 400x60x4 1000x60x8 ...] [--row-micro-batch 2] [--steps 1] [--limit 900]
+        [--no-trl]
 
 A campaign trains on groups of G completions of one prompt: long prompts (the statement, the
 parent, several drafts: P = 400 to 4,000 tokens) and short completions (C = 30 to 300). For
 each shape P x C x G: one group of fixed random token ids (generation costs nothing, and all
 three train on exactly the same tokens), two reward objectives, KL to the frozen reference with
-beta 1e-3, one AdamW step, micro-batches of 8 rollouts:
+beta 1e-3, one AdamW step. The shared step packs up to `--micro-batch` (8) rollouts a pass; the
+per-row step and TRL take `--row-micro-batch` rows a pass, each row carrying the prompt, so
+fewer fit (Qwen-coder at P = 1,000, G = 8 in fp32: 8 rows a pass were killed for memory on
+24 GiB):
 
 - shared: `trainer.train.train_step` as campaigns run it (`shared_prompt`, the default): the
   prompt runs forward and backward once, packed with the completions under a block mask;
@@ -90,7 +94,9 @@ def peak_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def ours(folder: str, steps: int, lora: bool, shape: Shape, shared: bool) -> list[float]:
+def ours(
+    folder: str, steps: int, lora: bool, shape: Shape, shared: bool, micro_batch: int
+) -> list[float]:
     import numpy as np
     import torch
 
@@ -101,7 +107,7 @@ def ours(folder: str, steps: int, lora: bool, shape: Shape, shared: bool) -> lis
     prompt, completions = fixed_tokens(len(policy.tokenizer), shape)
     size = len(completions)
     config = TrainConfig(
-        micro_batch=MICRO_BATCH, shared_prompt=shared, max_tokens=shape[0] + shape[1]
+        micro_batch=micro_batch, shared_prompt=shared, max_tokens=shape[0] + shape[1]
     )
     rng = np.random.default_rng(0)
     seconds = []
@@ -120,7 +126,9 @@ def ours(folder: str, steps: int, lora: bool, shape: Shape, shared: bool) -> lis
     return seconds
 
 
-def trl_side(folder: str, steps: int, lora: bool, dtype: str, shape: Shape) -> list[float]:
+def trl_side(
+    folder: str, steps: int, lora: bool, dtype: str, shape: Shape, micro_batch: int
+) -> list[float]:
     """Runs under TRL's environment."""
     import dataclasses
     import random
@@ -160,8 +168,9 @@ def trl_side(folder: str, steps: int, lora: bool, dtype: str, shape: Shape) -> l
 
     settings: dict[str, Any] = {
         "output_dir": tempfile.mkdtemp(prefix="vpo-trl-"),
-        "per_device_train_batch_size": group,
-        "gradient_accumulation_steps": 1,
+        # G rows a step, micro_batch of them a pass (a generation batch of G)
+        "per_device_train_batch_size": micro_batch,
+        "gradient_accumulation_steps": group // micro_batch,
         "num_generations": group,
         "max_completion_length": shape[1],
         "max_steps": steps + 1,
@@ -222,6 +231,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1, help="timed steps per cell")
     parser.add_argument("--limit", type=float, default=900.0, help="seconds a cell may take")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument(
+        "--micro-batch", type=int, default=MICRO_BATCH, help="rollouts a pass of the shared step"
+    )
+    parser.add_argument(
+        "--row-micro-batch",
+        type=int,
+        default=MICRO_BATCH,
+        help="rows a pass of the per-row step and TRL's (each row holds the prompt: fewer fit)",
+    )
     parser.add_argument("--trl-python", default=None)
     parser.add_argument("--no-trl", action="store_true")
     parser.add_argument("--side", choices=("shared", "per-row", "TRL"), help=argparse.SUPPRESS)
@@ -230,13 +248,18 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.steps < 1 or not args.limit > 0:
-        parser.error("--steps must be >= 1 and --limit > 0")
+    if args.steps < 1 or not args.limit > 0 or min(args.micro_batch, args.row_micro_batch) < 1:
+        parser.error("--steps and the micro-batches must be >= 1 and --limit > 0")
     if args.side:
+        rows = min(args.row_micro_batch, args.shape[2])
         if args.side == "TRL":
-            seconds = trl_side(args.folder, args.steps, args.lora, args.dtype, args.shape)
+            if args.shape[2] % rows:
+                parser.error(f"TRL needs G a multiple of --row-micro-batch ({rows})")
+            seconds = trl_side(args.folder, args.steps, args.lora, args.dtype, args.shape, rows)
+        elif args.side == "shared":
+            seconds = ours(args.folder, args.steps, args.lora, args.shape, True, args.micro_batch)
         else:
-            seconds = ours(args.folder, args.steps, args.lora, args.shape, args.side == "shared")
+            seconds = ours(args.folder, args.steps, args.lora, args.shape, False, rows)
         print(json.dumps({"seconds": seconds, "peak_gib": peak_gib()}))
         return
 
@@ -258,6 +281,8 @@ def main() -> None:
             for shape in shapes:
                 common = ["--folder", folder, "--steps", str(args.steps), "--dtype", dtype]
                 common += ["--shape", "x".join(map(str, shape))]
+                common += ["--micro-batch", str(args.micro_batch)]
+                common += ["--row-micro-batch", str(args.row_micro_batch)]
                 common += ["--lora"] if training == "lora" else []
                 cells = {}
                 for method in methods:
@@ -270,12 +295,15 @@ def main() -> None:
 
 
 def run_side(command: list[str], limit: float) -> dict[str, Any]:
-    """The side's seconds and peak memory; {"stopped": limit} when it ran past the limit."""
+    """The side's seconds and peak memory; {"stopped": limit} when it ran past the limit,
+    {"killed": why} when it was killed (for memory)."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     try:
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=limit)
     except subprocess.TimeoutExpired:
         return {"stopped": limit}
+    if done.returncode == -9:  # the kernel's OOM killer, as nothing else here sends SIGKILL
+        return {"killed": "out of memory"}
     if done.returncode != 0:
         raise SystemExit(f"{shlex.join(command[:5])} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -297,7 +325,9 @@ def write(
         f"dtype {dtype}",
         f"- command: `python benchmarks/train_step_speed.py {command}`",
         f"- work per step: one group, P prompt tokens and G completions of C tokens, two "
-        f"objectives, beta 1e-3, one AdamW step, micro-batches of {MICRO_BATCH}; LoRA r = 16 "
+        f"objectives, beta 1e-3, one AdamW step; the shared step packs up to {args.micro_batch} "
+        f"rollouts a pass, the per-row step and TRL take {args.row_micro_batch} rows a pass; "
+        "LoRA r = 16 "
         f"(all linear layers); median of {args.steps} timed step(s) after one untimed step; "
         "tok/s = G x C completion tokens per second; peak = the process's resident memory",
         "",
@@ -314,6 +344,8 @@ def write(
             cell = cells[method]
             if "stopped" in cell:
                 parts += [f"> {cell['stopped']:.0f}", "-"]
+            elif "killed" in cell:
+                parts += ["killed", cell["killed"]]
             else:
                 parts += [f"{medians[method]:.1f}", f"{cell['peak_gib']:.1f}"]
         shared = medians.get("shared")
