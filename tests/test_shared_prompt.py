@@ -15,11 +15,11 @@ import torch
 
 from harness.llm.base import Sampling
 from harness.llm.transformers_backend import TransformersGenerator
-from trainer.logprobs import pack_batch, token_batch, token_logprobs
+from trainer.logprobs import pack_batch, plan_passes, token_batch, token_logprobs
 from trainer.loss import LossConfig
 from trainer.models import load_tokenizer, resolve_model, tiny_llama_config
 from trainer.policy import Policy, PolicyConfig
-from trainer.train import Group, Rollout, TrainConfig, plan_passes, train_step
+from trainer.train import Group, Rollout, TrainConfig, train_step
 
 PROMPTS = [
     [{"role": "user", "content": "Write a function that packs circles in a unit square."}],

@@ -17,6 +17,7 @@ the backward pass (the 49k-vocabulary logits of SmolLM2 would otherwise dominate
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -333,3 +334,56 @@ def pack_batch(packs: Sequence[Pack], pad: int = 0, device: Any = "cpu") -> dict
         "sampler_logprobs": sampler.to(device),
         "has_sampler": has_sampler.to(device),
     }
+
+
+def plan_passes(
+    rows: Sequence[Row], order: Sequence[int], micro_batch: int, *, shared: bool
+) -> list[list[list[int]]]:
+    """The step's passes (forward and backward), each a list of packs of row indices, at most
+    `micro_batch` rollouts a pass. With `shared`, rows with the same prompt go in one pack
+    (at most `micro_batch` of them: a bigger group is split evenly, its prompt run once per
+    pack),
+    the packs longest first and as many in a pass as fit; otherwise every row is its own pack,
+    in `order`."""
+    if not shared:
+        return [
+            [[i] for i in order[start : start + micro_batch]]
+            for start in range(0, len(order), micro_batch)
+        ]
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i in order:
+        by_prompt.setdefault(tuple(rows[i][0]), []).append(i)
+    packs = []
+    for same in by_prompt.values():
+        count = -(-len(same) // micro_batch)  # packs as even as can be: no lone rollout
+        bounds = [len(same) * k // count for k in range(count + 1)]
+        packs.extend(same[a:b] for a, b in itertools.pairwise(bounds))
+    packs.sort(key=lambda pack: -(len(rows[pack[0]][0]) + sum(len(rows[i][1]) for i in pack)))
+    plan: list[list[list[int]]] = []
+    room = 0
+    for pack in packs:
+        if len(pack) > room:
+            plan.append([])
+            room = micro_batch
+        plan[-1].append(pack)
+        room -= len(pack)
+    return plan
+
+
+def pass_batch(
+    rows: Sequence[Row], packs: Sequence[Sequence[int]], pad: int, device: Any
+) -> dict[str, Tensor]:
+    """The token batch of one pass: packed rows when a pack holds several rollouts, a row per
+    rollout when none does; an empty pass (this process has run out) is one token of weight 0."""
+    if not packs:
+        return token_batch([([pad], [pad], None)], pad, device)
+    if all(len(pack) == 1 for pack in packs):
+        return token_batch([rows[pack[0]] for pack in packs], pad, device)
+    return pack_batch(
+        [
+            (rows[pack[0]][0], [rows[i][1] for i in pack], [rows[i][2] for i in pack])
+            for pack in packs
+        ],
+        pad,
+        device,
+    )
