@@ -48,9 +48,14 @@ demo: install
 	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies runs/demo.log
 	$(BIN)/vpo run --config examples/demo.toml --db runs/demo.db
 
+# The suite on TEST_WORKERS pytest-xdist workers, each file's tests on one worker (its
+# module-scoped models load once), the longest files first (tests/conftest.py). The tests spend
+# about a third of their time waiting (process start-ups, servers, sandboxes): two workers fill it
+# on two cores. `make test TEST_WORKERS=0` runs them in one process.
+TEST_WORKERS ?= 2
 test: install system-deps
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(BIN)/ruff check .

