@@ -3,18 +3,19 @@ loads the newest one recorded. Nothing here imports torch, so a worker that neve
 load versions too.
 
 A version is the folder `step-NNNNNN` the trainer saved: whole weights, or a LoRA adapter. A
-generator asks for the form it loads (`Generator.load_weights`): an in-process engine whole
-weights (a LoRA version merged, in `step-NNNNNN-merged`), a server an adapter that it serves
-under the version's name (`campaign-step-NNNNNN`), a generator that wraps the trainer's own
-model nothing at all.
+generator asks for the form it loads (`Generator.load_weights`): an engine in the trainer's
+process the merged tensors from the trainer's memory (`SavedVersion.tensors`: nothing written),
+a worker's engine whole weights from disk (a LoRA version merged, in `step-NNNNNN-merged`), a
+server an adapter that it serves under the version's name (`campaign-step-NNNNNN`), a generator
+that wraps the trainer's own model nothing at all.
 
 The disk stays bounded (`prune_versions`, after each recorded step): the newest
 `keep_versions` versions stay, and those still in use: the newest, which a resume loads with its
 optimiser state, and, when versions leave the process, the one before it, which a worker may
 still be loading, and any a worker in flight samples from (a server may read its adapter
-again). A merged copy is written in the policy's compute dtype only when a generator loads
-whole weights, and removed once the trainer's own engine has loaded it, or, for workers, once
-two newer versions superseded it.
+again). A merged copy is written in the policy's compute dtype only for a generator that loads
+whole weights from disk (workers; a sharded trainer's engine), and removed once that engine has
+loaded it, or, for workers, once two newer versions superseded it.
 A folder is removed by renaming it to a `.trash.` name first, so a kill mid-removal leaves no
 half of a version under a version's name; the next prune finishes the job.
 """
@@ -25,6 +26,7 @@ import os
 import re
 import secrets
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,6 +73,9 @@ class SavedVersion:
         if not (self.folder / "config.json").exists() and merged.exists():
             return str(merged)  # a LoRA version: the trainer also wrote it merged
         return str(self.folder)
+
+    def tensors(self, dtype: Any) -> Iterable[tuple[str, Any]] | None:
+        return None if self.policy is None else self.policy.engine_weights(dtype)
 
     def adapter_folder(self) -> str:
         if not (self.folder / "adapter_config.json").exists():

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -441,6 +442,38 @@ def test_vllm_samples_from_a_published_policy_version(vllm_engine: Any, tmp_path
     finally:
         vllm_engine.reload_weights()  # the embedded model again, for the other tests
     assert vllm_engine.generate(PROMPTS[:1], 2, SHORT) == before
+
+
+def test_a_version_from_memory_samples_as_its_merged_folder_does(
+    vllm_engine: Any, tmp_path: Path
+) -> None:
+    """The in-process engine takes a LoRA version straight from the trainer's memory: seeded
+    samples equal those of the same version loaded from its merged folder, and differ from the
+    base model's."""
+    import torch
+
+    from harness.publish import SavedVersion
+    from trainer.policy import Policy, PolicyConfig
+
+    torch.manual_seed(0)
+    policy = Policy.load("smollm2", PolicyConfig(lora=True, lora_rank=4, reference=False))
+    for module in policy.model.modules():  # a trained adapter: B is no longer zero
+        if hasattr(module, "lora_B"):
+            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.02)
+    seeded = replace(SHORT, seed=7)
+    base = vllm_engine.generate(PROMPTS[:1], 2, seeded)
+    dtype = vllm_engine.engine.llm_engine.model_config.dtype
+    try:
+        vllm_engine.load_weights(SavedVersion(tmp_path / "step-000001", 1, "c", policy))
+        from_memory = vllm_engine.generate(PROMPTS[:1], 2, seeded)
+        vllm_engine.reload_weights(str(policy.save_merged(tmp_path / "merged", dtype=dtype)))
+        from_folder = vllm_engine.generate(PROMPTS[:1], 2, seeded)
+    finally:
+        vllm_engine.reload_weights()  # the embedded model again, for the other tests
+    assert [c.token_ids for c in from_memory[0]] == [c.token_ids for c in from_folder[0]]
+    assert [c.logprobs for c in from_memory[0]] == [c.logprobs for c in from_folder[0]]
+    assert [c.token_ids for c in from_memory[0]] != [c.token_ids for c in base[0]]
+    assert not (tmp_path / "step-000001").exists()  # nothing written for the engine
 
 
 # --- openai backend against a real vLLM server ------------------------------------------------

@@ -204,14 +204,21 @@ def test_a_follower_keeps_what_workers_may_use_and_merged_copies_of_the_two_newe
 
 
 @pytest.mark.slow
-def test_the_in_process_vllm_engine_leaves_no_merged_copy_behind(
-    tiny_model: str, tmp_path: Path
+def test_the_in_process_vllm_engine_never_needs_a_merged_copy(
+    tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A LoRA campaign on vLLM in process: each version is merged for the engine, which loads
-    it; after every iteration, no copy is left on disk."""
+    """A LoRA campaign on vLLM in process: each version goes from the trainer's memory into the
+    engine, merged tensor by tensor; no merged copy is ever written."""
     from conftest import require_vllm
 
+    from trainer.policy import Policy
+
     require_vllm()
+
+    def no_copy(*_: object, **__: object) -> None:
+        raise AssertionError("a merged copy was written")
+
+    monkeypatch.setattr(Policy, "save_merged", no_copy)
     store = Store.open(tmp_path / "c.db")
     folder = tmp_path / "c.policies" / "three"
     seen: list[list[str]] = []
@@ -224,8 +231,8 @@ def test_the_in_process_vllm_engine_leaves_no_merged_copy_behind(
     assert listing(folder) == [step_name(s) for s in (4, 5, 6)]
 
 
-def test_a_merged_copy_is_written_for_the_trainers_engine_and_removed_once_loaded(
-    tiny_model: str, tmp_path: Path
+def test_the_trainers_own_engine_loads_a_version_from_memory_with_no_merged_copy(
+    tiny_model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import torch
 
@@ -239,16 +246,23 @@ def test_a_merged_copy_is_written_for_the_trainers_engine_and_removed_once_loade
             torch.nn.init.normal_(module.lora_B["default"].weight, std=0.1)
     version = policy.save(tmp_path / step_name(0))
     engine = TransformersGenerator(tiny_model, dtype="float32")  # loads whole weights
-    publish(policy, engine, version)
-    # The engine sampled from the merged weights, and the copy it read is gone.
+
+    def no_copy(*_: object, **__: object) -> None:
+        raise AssertionError("a merged copy was written")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Policy, "save_merged", no_copy)
+        publish(policy, engine, version)
+    # The engine holds the merged weights, copied from the trainer's memory; no copy on disk.
     assert listing(tmp_path) == [step_name(0)]
-    expected = _merged_weight(policy, "model.layers.0.self_attn.q_proj")
-    loaded = engine.hf_model.get_submodule("model.layers.0.self_attn.q_proj").weight
-    # The copy is in the policy's compute dtype (bf16 on CPUs with AVX-512 BF16), loaded as fp32.
-    written = expected.to(policy.autocast_dtype).float()
-    assert torch.allclose(loaded.float(), written, atol=1e-6)
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
+        loaded = engine.hf_model.get_submodule(name).weight
+        assert torch.equal(loaded, _merged_weight(policy, name))
+    untouched = engine.hf_model.get_submodule("model.embed_tokens").weight
+    assert torch.equal(untouched, policy.model.get_base_model().model.embed_tokens.weight)
 
     # Asked for bf16 (the compute dtype on hardware that has it), the copy is half the bytes.
+    expected = _merged_weight(policy, "model.layers.0.self_attn.q_proj")
     full = policy.save_merged(tmp_path / "fp32")
     half = policy.save_merged(tmp_path / "bf16", dtype=torch.bfloat16)
     sizes = [(f / "model.safetensors").stat().st_size for f in (full, half)]

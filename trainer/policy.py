@@ -310,6 +310,35 @@ class Policy:
                 self.tokenizer.save_pretrained(staging)
         return Path(folder)
 
+    def engine_weights(
+        self, dtype: torch.dtype | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]] | None:
+        """The whole weights for a generator in this process, one tensor at a time under the
+        model's own (Hugging Face) names, a LoRA adapter merged in fp32 and then cast to
+        `dtype`: what `save_merged` writes, with nothing written. None where this process
+        holds a shard only (FSDP)."""
+        if self.parallel.sharding == "fsdp":
+            return None
+        return self._engine_weights(dtype)
+
+    def _engine_weights(self, dtype: torch.dtype | None) -> Iterator[tuple[str, torch.Tensor]]:
+        model = self.model.get_base_model() if self.config.lora else self.model
+        adapted = dict(model.named_modules())
+        for name, parameter in model.named_parameters():
+            owner, _, leaf = name.rpartition(".")
+            if ".lora_" in f".{name}":
+                continue
+            with torch.no_grad():  # not across the yield: the caller's grad mode stays its own
+                value = parameter.detach()
+                if owner.endswith(".base_layer"):  # a layer LoRA adapts: W + scale B A
+                    owner = owner.removesuffix(".base_layer")
+                    if leaf == "weight":
+                        value = value + adapted[owner].get_delta_weight("default")
+                    name = f"{owner}.{leaf}"
+                if dtype is not None:
+                    value = value.to(dtype)
+            yield name, value
+
     def _full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's whole state gathered into the main process's memory (empty elsewhere),
         under the model's own names."""

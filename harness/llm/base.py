@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -90,6 +90,12 @@ class Weights(Protocol):
 
     def adapter_folder(self) -> str:
         """The folder of the LoRA adapter; a UserError when the version is whole weights."""
+        ...
+
+    def tensors(self, dtype: Any) -> Iterable[tuple[str, Any]] | None:
+        """The whole weights as (name, tensor) pairs in torch dtype `dtype`, straight from the
+        trainer's memory, for an engine in the trainer's process; None where only the folders
+        hold them (a version a worker found recorded, a sharded trainer)."""
         ...
 
     def supersedes(self, name: str) -> bool:

@@ -87,8 +87,17 @@ class TransformersGenerator:
     def load_weights(self, weights: Weights) -> None:
         """Sample from the policy version `weights` from now on: a wrapped model (the
         trainer's) holds it already; otherwise its whole weights replace the loaded model."""
-        if not self.wraps_model:
+        if self.wraps_model:
+            return
+        tensors = weights.tensors(next(self.hf_model.parameters()).dtype)
+        if tensors is None:
             self._load(weights.model_folder())
+            return
+        import torch
+
+        with torch.no_grad():
+            for name, tensor in tensors:
+                self.hf_model.get_parameter(name).copy_(tensor)
 
     def context_tokens(self) -> int | None:
         return context_length(self.hf_model.config)

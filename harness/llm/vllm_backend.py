@@ -119,6 +119,8 @@ class VLLMGenerator:
         # vLLM reads this only while it builds the engine; a user's own setting wins, and ours
         # is taken back after, so processes started later (a `vllm serve`) do not inherit it.
         ours = engine_in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+        # Whether the engine core (and its model) lives in this process.
+        self.engine_in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or ours
         if ours:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
@@ -212,8 +214,17 @@ class VLLMGenerator:
         )
 
     def load_weights(self, weights: Weights) -> None:
-        """Sample from the policy version `weights` (its whole weights) from now on."""
-        self.reload_weights(weights.model_folder())
+        """Sample from the policy version `weights` (its whole weights) from now on: an engine
+        in the trainer's process copies them from the trainer's memory, tensor by tensor (no
+        merged copy on disk); otherwise from the version's folder."""
+        tensors = None
+        if self.engine_in_process:
+            tensors = weights.tensors(self.engine.llm_engine.model_config.dtype)
+        if tensors is None:
+            self.reload_weights(weights.model_folder())
+            return
+        self.engine.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors})
+        self.engine.reset_prefix_cache()
 
     def reload_weights(self, folder: str | None = None) -> None:
         """Load the weights in `folder` (a Hugging Face folder of the same architecture, e.g. a
