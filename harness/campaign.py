@@ -269,11 +269,21 @@ def evolve(
     generates while the one before it is evaluated and stored (each iteration in its own
     transaction), and training steps run between batches. With `overlap` off a batch is
     stored before the next generates (a sequential harness, for benchmarks/generator_busy.py).
+
+    A campaign that trains and samples after each step (`sample_after_step`, the default for
+    in-process backends) stores a batch and takes the steps its groups allow before the next
+    batch generates, so every batch is sampled by the newest version; otherwise the next batch
+    generates while the one before is evaluated, and is sampled one step behind.
     """
     config = campaign.config
     settings = loop_settings(config, generator)
+    fresh = campaign.trainer is not None and sample_after_step(config, generator)
     if say:
-        say(describe(generator, settings))
+        line = describe(generator, settings)
+        if campaign.trainer is not None:
+            order = "after the steps on the batch before" if fresh else "one step behind"
+            line = f"{line}; each batch sampled {order}"
+        say(line)
     todo = campaign.store.missing_iterations(campaign.campaign_id, config.iterations)
     streak = FailureStreak(config.max_failures)
     width = settings.concurrency
@@ -291,6 +301,10 @@ def evolve(
                 if say:
                     say(stop)  # once the batch in flight is stored, below
                 break
+            if fresh and pending is not None:  # the steps this batch allows, before the next
+                pending.result()
+                pending = None
+                train(campaign, generator)
             version = campaign.trainer.version_id if campaign.trainer else None
             batch = sample_batch(
                 campaign, generator, todo[start : start + width], settings, version
@@ -312,6 +326,16 @@ def evolve(
             pending.result()
             if train(campaign, generator) and on_progress:
                 on_progress(config.iterations, campaign.progress)  # show the last step too
+
+
+def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:
+    """Whether each batch waits for the steps on the one before it. `auto`: yes where the
+    engine shares the trainer's process (its cores, or its GPU), which idles while a step runs
+    either way, so waiting costs only the overlap of one batch's evaluation with the next
+    one's generation; no for a server."""
+    if config.sample_after_step == "auto":
+        return generator.in_process
+    return config.sample_after_step == "on"
 
 
 def _store_and_report(

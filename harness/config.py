@@ -32,6 +32,7 @@ SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
+SWITCHES = ("auto", "on", "off")
 # Policy versions kept on disk: the newest (a resume needs its optimiser state), a worker's or
 # server's previous one, and one to spare (harness/publish.py, docs/training.md).
 KEEP_VERSIONS = 3
@@ -254,6 +255,12 @@ class CampaignConfig:
         "the PPO ratio's old log-probs: auto, sampler or recompute ({default})",
         group=TRAINING,
     )
+    sample_after_step: str = setting(
+        "auto",
+        "wait for the step on a batch before sampling the next, so that each batch is sampled "
+        "by the newest version: auto (on for in-process backends), on or off ({default})",
+        group=TRAINING,
+    )
     policy_dir: str | None = setting(
         None, "where policy versions are saved (default: beside the database)", group=TRAINING
     )
@@ -339,6 +346,7 @@ class CampaignConfig:
             "gradient_checkpointing",
             ", ".join(GRADIENT_CHECKPOINTING),
         )
+        _require(self.sample_after_step in SWITCHES, "sample_after_step", ", ".join(SWITCHES))
         _require(
             all(name in TRACKERS for name in self.report_to),
             "report_to",

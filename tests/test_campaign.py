@@ -192,7 +192,19 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
         )
 
 
-def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_path: Path) -> None:
+# Which version sampled each group, and the staleness of each step's groups: sampling after
+# the steps (the in-process default), each batch comes from the newest version; otherwise a
+# batch generates while the step on the one before it waits, one version behind.
+ORDERS = {
+    "on": ([None, None, 1, 1, 2], [0.0, 0.0]),
+    "off": ([None, None, None, 1, 1], [0.0, 0.5]),
+}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_training_inside_the_campaign_uses_each_group_once(
+    tiny_model: str, tmp_path: Path, order: str
+) -> None:
     import torch
 
     from trainer.policy import Policy
@@ -209,6 +221,7 @@ def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_
         micro_batch=1,
         concurrency=1,
         skip_zero_advantage=False,
+        sample_after_step=order,
     )
     store = Store.open(tmp_path / "campaign.db")
     campaign_id = run_campaign(build(settings), store, CirclePacking())
@@ -223,10 +236,11 @@ def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_
         ).all()
     # Steps train on the two newest unused groups; iteration 4 waits for the next step.
     assert [s.train_step for s in steps] == [1, 1, 2, 2, None]
-    # Groups record the policy that wrote them: step 1 ran after group 1 was stored, while
-    # group 2 was being generated, so version 1 wrote groups 3 and 4.
+    # Groups record the policy that wrote them: step 1 ran once group 1 was stored, before
+    # group 2 was generated, or while it was.
+    sampled_by, staleness = ORDERS[order]
     versions = {p.id: p.step for p in policies}
-    assert [versions.get(s.policy_version_id) for s in steps] == [None, None, None, 1, 1]
+    assert [versions.get(s.policy_version_id) for s in steps] == sampled_by
     for policy in policies:
         assert Path(policy.path, "policy.json").exists()
         for key in (
@@ -241,8 +255,8 @@ def test_training_inside_the_campaign_uses_each_group_once(tiny_model: str, tmp_
         # vLLM reported every rollout's log-probs: the ratio's old log-probs are the sampler's.
         assert policy.metrics["sampler_fraction"] == 1.0
     # Step 1 trained groups 0 and 1, sampled by the weights it started from; step 2 groups 2
-    # (the base model's) and 3 (version 1's), from version 1: one of them one version stale.
-    assert [p.metrics["staleness"] for p in policies] == [0.0, 0.5]
+    # and 3 from version 1, which sampled both of them, or only group 3 (one version stale).
+    assert [p.metrics["staleness"] for p in policies] == staleness
     assert summary_json(store, campaign_id)["policy_versions"] == 2
     assert Path(policies[0].path).parent == tmp_path / "campaign.policies" / "circle_packing"
 
@@ -384,12 +398,13 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     policies = store.policies(campaign_id)
     assert [p.step for p in policies] == [1, 2, 3]
     assert all(p.metrics["tokens"] > 0 and p.metrics["loss"] == p.metrics["loss"] for p in policies)
-    # Step 1 ran after iteration 1 was generated: iteration 2 was sampled from version 1.
+    # Step 1 ran on iteration 0's group before iteration 1 was generated (sampling after the
+    # step is the in-process default): each iteration after the first from the newest version.
     with Session(store.engine) as session:
         written_by = session.scalars(
             select(RolloutGroup.policy_version_id).order_by(RolloutGroup.iteration)
         ).all()
-    assert written_by == [None, None, policies[0].id]
+    assert written_by == [None, policies[0].id, policies[1].id]
 
     # The weights moved away from the embedded model's.
     start = load_model("smollm2", dtype=torch.float32)
