@@ -66,6 +66,7 @@ class Progress:
     skipped: int = 0  # iterations that produced nothing (see harness.generation)
     rollouts: int = 0
     parsed: int = 0  # rollouts whose m candidates all parsed
+    trained: int = 0  # rollouts a trained policy version sampled
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step that made a policy version, as a line
@@ -80,6 +81,8 @@ class Progress:
         )
         if self.rollouts:
             line = f"{line} | parsed {self.parsed}/{self.rollouts}"
+        if self.train is not None:
+            line = f"{line} | by trained weights {self.trained}/{self.rollouts}"
         if self.skipped:
             line = f"{line} | {self.skipped} skipped"
         if self.steps_skipped:
@@ -456,6 +459,8 @@ def store_iteration(
     progress.evaluations += len(evaluations)
     progress.rollouts += len(rollouts)
     progress.parsed += sum(r.parse_status == "ok" for r in rollouts)
+    if sampled.policy_version_id is not None:
+        progress.trained += len(rollouts)
     for evaluation in evaluations.values():
         if evaluation.status == "ok":
             for name, value in evaluation.scores.items():

@@ -16,6 +16,8 @@ stored config); nothing is kept in a second place:
     running     = the campaign's status is "running" and it wrote something in the last
                   max(`ACTIVE_S`, 3 x pace) seconds (a killed run keeps status "running")
     skipped_steps = training steps that changed no weight and made no version (their events)
+    versions    = per policy version (0: the starting weights), what it sampled: groups,
+                  rollouts, mean parse rate and pool diversity of its groups, best per objective
     policy_bytes = the bytes in the folder of the newest policy version (the versions kept,
                   merged copies, leftovers of a kill); None when it is not on this machine
 
@@ -56,10 +58,12 @@ def report(store: Store, campaign: CampaignRecord, now: datetime | None = None) 
         # The seed (or any program no rollout wrote) was there before iteration 0 ended.
         best["iteration"] = found.get(best["program_id"], 0)
     rejected = store.rejections(campaign.id)
+    versions = store.version_measures(campaign.id, list(summary["best"]))
     return {
         **summary,
         **progress(store, campaign, now),
         **versions_on_disk(store.latest_policy(campaign.id)),
+        "versions": [row.as_json() for row in versions],
         "candidates": rejected.pop("candidates"),
         "rejections": rejected,
     }

@@ -253,5 +253,9 @@ def test_a_run_killed_with_eight_iterations_in_flight_resumes_whole(
     assert done[:3] == [2, 10, 11]  # two kills fell inside a batch, after 2 and 1 commits
     final = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stderr[-2000:]
+    # The run ends with what each version sampled, and the share trained weights sampled.
+    printed = final.stdout + final.stderr
+    assert "what each policy version sampled" in printed
+    assert "sampled by trained weights: " in printed
     state = check_invariants(url, budget, every)
     assert state["steps"] == budget // every

@@ -202,3 +202,35 @@ def test_the_pace_times_the_iterations_spans_the_window(gaps: list[int], tokens:
     assert pace["seconds_per_iteration"] * (len(times) - 1) == pytest.approx(span)
     assert pace["tokens_per_s"] * span == pytest.approx(tokens * (len(times) - 1))
     assert pace["evals_per_s"] * span == pytest.approx(2 * (len(times) - 1))
+
+
+def test_what_each_policy_version_sampled(campaign_db: str, capsys: pytest.CaptureFixture) -> None:
+    """Iterations 2 and 3 sampled by version 1 (the others by the starting weights): per
+    version its groups, rollouts, parse rate, diversity and best, and the trained share."""
+    with Store.open(campaign_db) as store:
+        (campaign,) = store.campaigns()
+        first = store.policies(campaign.id)[0]
+        with store.engine.begin() as connection:
+            connection.execute(
+                update(RolloutGroup)
+                .where(RolloutGroup.iteration >= 2)
+                .values(policy_version_id=first.id)
+            )
+        report = status.report(store, campaign)
+        measured = store.iteration_measures(campaign.id)
+    start, trained = report["versions"]
+    assert (start["step"], start["groups"], start["rollouts"]) == (0, 2, 3)
+    assert (trained["step"], trained["groups"], trained["rollouts"]) == (1, 2, 2)
+    # Every rollout here says it parsed; the diversity is the mean of its groups'.
+    assert start["parse_rate"] == trained["parse_rate"] == 1.0
+    for row, iterations in ((start, (0, 1)), (trained, (2, 3))):
+        values = [m.pool_diversity for m in measured if m.iteration in iterations]
+        values = [v for v in values if v is not None]
+        mean = sum(values) / len(values) if values else None
+        assert row["pool_diversity"] == (mean if mean is None else pytest.approx(mean))
+    assert start["best"] == {"a": 0.6, "b": 0.1}  # A; the seed came from no rollout
+    assert trained["best"] == {"a": 0.9, "b": 0.2}  # B
+    assert main(["status", "--db", campaign_db]) == 0
+    printed = capsys.readouterr().out
+    assert "2 of 5 rollouts (40%)" in printed
+    assert "what each policy version sampled" in printed

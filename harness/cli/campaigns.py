@@ -116,6 +116,11 @@ def _run_one(args: argparse.Namespace) -> int:
         campaign_id = run_campaign(config, store, problem, on_progress=report, say=logs.say)
     summary = store.summary(campaign_id)
     render.print_best(problem, summary)
+    if summary.policy_versions:
+        objectives = [objective.name for objective in problem.objectives]
+        versions = [row.as_json() for row in store.version_measures(campaign_id, objectives)]
+        render.print_versions(versions, objectives)
+        logs.say(f"sampled by trained weights: {render.trained_share(versions)}")
     if config.price_prompt is not None or config.price_completion is not None:
         from harness.budgets import stored_spend
 

@@ -139,6 +139,38 @@ def print_best(problem: Problem, summary: Any) -> None:
     )
 
 
+def print_versions(versions: list[dict[str, Any]], objectives: Sequence[str]) -> None:
+    """What each policy version sampled (`vpo run`'s end, `vpo status`): version 0 is the
+    weights the campaign started from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="what each policy version sampled")
+    for column in ("version", "groups", "rollouts", "parse rate", "diversity"):
+        table.add_column(column, justify="right")
+    for objective in objectives:
+        table.add_column(f"best {objective}", justify="right")
+    for row in versions:
+        rate, diversity = row["parse_rate"], row["pool_diversity"]
+        table.add_row(
+            str(row["step"]),
+            str(row["groups"]),
+            str(row["rollouts"]),
+            "-" if rate is None else f"{rate:.2f}",
+            "-" if diversity is None else f"{diversity:.3f}",
+            *(score_text(row["best"][o]) if o in row["best"] else "-" for o in objectives),
+        )
+    Console().print(table)
+
+
+def trained_share(versions: list[dict[str, Any]]) -> str:
+    """`12 of 16 rollouts (75%)`: those sampled by a trained version."""
+    rollouts = sum(row["rollouts"] for row in versions)
+    trained = sum(row["rollouts"] for row in versions if row["step"] > 0)
+    share = f" ({trained / rollouts:.0%})" if rollouts else ""
+    return f"{trained} of {rollouts} rollouts{share}"
+
+
 def print_summary(title: str, report: dict[str, Any]) -> None:
     from rich.console import Console
 
@@ -150,6 +182,8 @@ def print_status(title: str, report: dict[str, Any]) -> None:
     from rich.console import Console
 
     Console().print(summary_table(title, report, status_rows(report)))
+    if report["steps"]:
+        print_versions(report["versions"], list(report["best"]))
 
 
 # The training metrics `vpo status` shows of the last step, with how each is printed.
@@ -188,6 +222,8 @@ def status_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         if last is not None and isinstance(last.get(key), int | float)
     ]
     rows.append(("training steps", str(report["steps"])))
+    if report["steps"]:
+        rows.append(("sampled by trained weights", trained_share(report["versions"])))
     if shown:
         rows.append((f"last step ({last.get('step', report['steps'])})", ", ".join(shown)))
     if report.get("policy_bytes") is not None:

@@ -10,6 +10,7 @@ writing them.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from sqlalchemy.engine import Connection
 from harness.measures import parse_rate, pool_diversity
 from harness.records import IterationMeasures
 from harness.store.opening import Database
-from harness.store.tables import GROUP, ID_BATCH, PROGRAM, SCORE, TRAJECTORY
+from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
 
 # A rollout's parse status and the program of each of its candidate slots (None: unparsed).
 Rollout = tuple[str, Sequence[int | None]]
@@ -62,6 +63,57 @@ class Measures(Database):
                 IterationMeasures(row.id, row.iteration, row.created_at, rate, diversity)
             )
         return records
+
+    def version_measures(self, campaign_id: int, objectives: Sequence[str]) -> list[VersionRow]:
+        """What each policy version sampled, oldest first (step 0: the weights the campaign
+        started from): its groups and rollouts, the mean parse rate and pool diversity of its
+        groups, and the best score per objective among the programs its candidates wrote."""
+        measures = {m.group_id: m for m in self.iteration_measures(campaign_id)}
+        with self._reading() as connection:
+            steps = dict(
+                connection.execute(
+                    select(POLICY.c.id, POLICY.c.step).where(POLICY.c.campaign_id == campaign_id)
+                ).all()
+            )
+            version_of = {
+                group_id: steps.get(version_id, 0)
+                for group_id, version_id in connection.execute(
+                    select(GROUP.c.id, GROUP.c.policy_version_id).where(
+                        GROUP.c.campaign_id == campaign_id
+                    )
+                )
+            }
+            rollouts: dict[int, list[Sequence[int | None]]] = {}
+            for group_id, candidates in connection.execute(
+                select(TRAJECTORY.c.group_id, TRAJECTORY.c.candidates)
+                .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
+                .where(GROUP.c.campaign_id == campaign_id)
+            ):
+                rollouts.setdefault(group_id, []).append(_slot_programs(candidates))
+            scores: dict[int, dict[str, float]] = {}
+            for program_id, objective, value in connection.execute(
+                select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value)
+                .join(PROGRAM, PROGRAM.c.id == SCORE.c.program_id)
+                .where(PROGRAM.c.campaign_id == campaign_id, PROGRAM.c.status == "ok")
+            ):
+                scores.setdefault(program_id, {})[objective] = value
+        rows: dict[int, VersionRow] = {}
+        for group_id, step in sorted(version_of.items()):
+            row = rows.setdefault(step, VersionRow(step))
+            row.groups += 1
+            row.rollouts += len(rollouts.get(group_id, ()))
+            measured = measures.get(group_id)
+            if measured is not None and measured.parse_rate is not None:
+                row.parse_rates.append(measured.parse_rate)
+            if measured is not None and measured.pool_diversity is not None:
+                row.diversities.append(measured.pool_diversity)
+            for slots in rollouts.get(group_id, ()):
+                for program_id in slots:
+                    for objective in objectives:
+                        value = scores.get(program_id, {}).get(objective)  # type: ignore[arg-type]
+                        if value is not None and value > row.best.get(objective, -np.inf):
+                            row.best[objective] = value
+        return [rows[step] for step in sorted(rows)]
 
     def group_count(self, campaign_id: int, upto: int) -> int:
         """How many of the campaign's groups have id <= `upto`."""
@@ -109,6 +161,32 @@ class Measures(Database):
             if program_id in scores:
                 vectors[row] = scores[program_id]
         return vectors, np.array([program_id is not None for program_id in slots], dtype=bool)
+
+
+@dataclass
+class VersionRow:
+    """What one policy version sampled (`Measures.version_measures`)."""
+
+    step: int  # 0: the weights the campaign started from
+    groups: int = 0
+    rollouts: int = 0
+    parse_rates: list[float] = field(default_factory=list)  # one per group that has one
+    diversities: list[float] = field(default_factory=list)
+    best: dict[str, float] = field(default_factory=dict)  # among its valid programs
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "groups": self.groups,
+            "rollouts": self.rollouts,
+            "parse_rate": _mean(self.parse_rates),
+            "pool_diversity": _mean(self.diversities),
+            "best": self.best,
+        }
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def record_measures(connection: Connection, group_id: int, rollouts: Sequence[Rollout]) -> None:
