@@ -2,7 +2,7 @@
 
     python benchmarks/discovery.py [--arms none,grpo,vpo] [--seeds 0,1,2] [--model qwen-coder]
         [--token-budget 4000] [--group-size 4] [--max-tokens 320] [--concurrency 2]
-        [--train-every 2] [--micro-batch 1] [--keep DIR] [--out FILE.md] [--plot FILE.png]
+        [--train-every 2] [--micro-batch 8] [--keep DIR] [--out FILE.md] [--plot FILE.png]
 
 Arms, on one problem (equation_discovery:oscillator1) with the same model, backend, G,
 max_tokens, temperature, token budget and LoRA settings:
@@ -443,8 +443,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5, help="the LoRA learning rate")
     parser.add_argument("--kl-beta", type=float, default=0.0, help="KL weight (0: no reference)")
     parser.add_argument("--drafts", type=int, default=0, help="drafts beside the parent")
+    # The campaign's default: a group's G rollouts in one pass, its prompt run once (a
+    # micro-batch of 1 would train each rollout in a row of its own, the prompt G times).
     parser.add_argument(
-        "--micro-batch", type=int, default=1, help="rollouts per forward/backward of a step"
+        "--micro-batch", type=int, default=8, help="rollouts per forward/backward of a step"
     )
     parser.add_argument("--keep", type=Path, help="keep each run's database and log here")
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
