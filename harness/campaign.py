@@ -48,7 +48,7 @@ from harness.training import (
     trainer_generator,
     untrained_note,
 )
-from problems.api import Evaluation, Problem
+from problems.api import Compact, Evaluation, Problem
 
 GENERATION_RETRIES = 3
 
@@ -115,6 +115,7 @@ class CampaignRun:
     trainer: CampaignTrainer | None = None  # set when the campaign trains (train_every > 0)
     reporter: Reporter | None = None  # set when the campaign reports to trackers (report_to)
     spend: Spend | None = None  # the tokens stored and in flight, when budgeted or priced
+    compact: Compact | None = None  # the problem's compact form, when `form = "compact"`
 
 
 def open_campaign(store: Store, config: CampaignConfig, problem: Problem) -> int:
@@ -242,6 +243,7 @@ def prepare(
         wall_seconds=config.time_limit or float(problem.time_limit),
         memory_mb=int(problem.memory_mb),
     )
+    compact = compact_form(config, problem)
     seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
     objectives = [o.name for o in problem.objectives]
     campaign = CampaignRun(
@@ -255,9 +257,23 @@ def prepare(
         objectives,
         Population(objectives),
         set(store.code_hashes(campaign_id)),
+        compact=compact,
     )
     refresh_population(campaign)
     return campaign
+
+
+def compact_form(config: CampaignConfig, problem: Problem) -> Compact | None:
+    """The problem's compact form when the config asks for it (None for whole programs); a
+    problem without one is a one-line error."""
+    if config.form != "compact":
+        return None
+    if problem.compact is None:
+        raise UserError(
+            f"problem {problem.name} has no compact form: its candidates are whole programs"
+            ' (form = "program")'
+        )
+    return problem.compact
 
 
 def evolve(
@@ -397,6 +413,7 @@ def evaluate_and_store(
             sampled.parent.code,
             _Either(campaign.seen, fresh),
             campaign.problem.entry,
+            campaign.compact.program if campaign.compact else None,
         )
         fresh.update(group.new_code)
         groups.append(group)

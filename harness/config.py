@@ -26,6 +26,7 @@ from harness.errors import UserError
 # "auto": vllm where it is installed, else transformers (harness.training.resolve_backend).
 BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
+FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
@@ -212,6 +213,11 @@ class CampaignConfig:
     temperature: float = setting(0.8, "sampling temperature ({default})")
     top_p: float = setting(0.95, "nucleus ({default})")
     max_tokens: int = setting(768, "tokens per completion ({default})")
+    form: str = setting(
+        "program",
+        "what a candidate is: program, or compact (only the part that is evolved, where the"
+        " problem has a compact form) ({default})",
+    )
     # evolution
     islands: int = setting(4, "islands ({default})")
     migration_interval: int = setting(20, "iterations between migrations ({default})")
@@ -308,6 +314,7 @@ class CampaignConfig:
         _require(bool(self.model), "model", "a model name, Hugging Face id or folder")
         _require(self.group_size >= 1, "group_size", "a whole number >= 1")
         _require(1 <= self.candidates <= 8, "candidates", "a whole number from 1 to 8")
+        _require(self.form in FORMS, "form", " or ".join(FORMS))
         _require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
         _require(self.islands >= 1, "islands", "a whole number >= 1")
         _require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")

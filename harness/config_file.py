@@ -22,7 +22,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "concurrency", "context_tokens", "draft_chars", "feedback_chars", "retries",
         "max_failures",
     ),
-    "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens"),
+    "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens", "form"),
     "evolution": ("islands", "migration_interval", "drafts"),
     "evaluation": ("workers", "time_limit"),
     "training": (

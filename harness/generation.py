@@ -171,7 +171,12 @@ def _choose(
     prompt: list[Message] = []
     try:
         prompt = build_prompt(
-            campaign.problem, parent, drafts, campaign.config.candidates, settings.budget
+            campaign.problem,
+            parent,
+            drafts,
+            campaign.config.candidates,
+            settings.budget,
+            campaign.compact,
         )
     except PromptTooLong as error:
         skipped = f"prompt too long: {error}"

@@ -16,12 +16,12 @@ stored is decided in one place.
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from harness.llm.base import Completion, Message
-from harness.parsing import parse_completion
+from harness.parsing import ParsedCandidate, parse_completion
 from harness.records import (
     CandidateRecord,
     NewProgram,
@@ -108,18 +108,23 @@ def classify_group(
     parent_code: str,
     seen: Container[str],
     entry: str | None = None,
+    expand: Callable[[str], str] | None = None,
 ) -> ParsedGroup:
     """Each completion's candidates 1..`candidates`, parsed against the parent and classified
     by code hash against `seen` (hashes evaluated before) and the candidates before them. With
     `entry`, a candidate whose `entry_key` is the parent's is a lazy duplicate of the parent
     (named by the parent's hash, with the reason), never evaluated: it would score exactly as
-    the parent did, and training gives a copy nothing."""
+    the parent did, and training gives a copy nothing. With `expand` (a compact form's
+    `program`), each candidate's text becomes the program it stands for; one it refuses is
+    unparsed with its reason."""
     fresh: set[str] = set()
     parent_hash = code_hash(parent_code)
     parent_key = entry_key(parent_code, entry) if entry else None
     rollouts = []
     for text in texts:
         parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
+        if expand is not None:
+            parsed = {index: expanded(c, expand) for index, c in parsed.items()}
         classified = []
         errors = []
         for index in range(1, candidates + 1):
@@ -158,6 +163,17 @@ def classify_group(
         error = "; ".join(errors)[:MAX_PARSE_ERROR_CHARS] or None
         rollouts.append(ParsedRollout(tuple(classified), status, error))
     return ParsedGroup(tuple(rollouts))
+
+
+def expanded(candidate: ParsedCandidate, expand: Callable[[str], str]) -> ParsedCandidate:
+    """A parsed candidate in a compact form as the program it stands for, or unparsed with the
+    form's reason."""
+    if candidate.code is None:
+        return candidate
+    try:
+        return replace(candidate, code=expand(candidate.code))
+    except ValueError as error:
+        return replace(candidate, code=None, kind="none", error=str(error))
 
 
 def rollout_records(

@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.parsing import Edit, fence_for, format_edits, format_full
 from harness.records import ProgramRecord
-from problems.api import Problem, record_note
+from problems.api import Compact, Problem, record_note
 
 DRAFT_CHARS = 4_000  # each draft, clipped in the middle beyond this
 FEEDBACK_CHARS = 2_000  # the parent's status, error and stderr tails
@@ -63,8 +63,12 @@ def build_prompt(
     drafts: Sequence[ProgramRecord],
     candidates: int = 3,
     budget: PromptBudget | None = None,
+    compact: Compact | None = None,
 ) -> Messages:
     """Chat messages (system, user) asking for `candidates` different programs improving `parent`.
+
+    With `compact` (the problem's compact form) the statement is the form's, the parent and the
+    drafts are shown as their evolved parts, and the candidates are asked for as parts.
 
     Drafts are shown in the order given. Without a budget every part is shown at its own
     limit; with one, drafts are dropped from the end while the prompt is over `budget.tokens`,
@@ -80,7 +84,7 @@ def build_prompt(
 
     def messages() -> Messages:
         user = _user_message(
-            problem, objectives, parent, kept, candidates, draft_chars, feedback_chars
+            problem, objectives, parent, kept, candidates, draft_chars, feedback_chars, compact
         )
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
@@ -114,23 +118,29 @@ def _user_message(
     candidates: int,
     draft_chars: int,
     feedback_chars: int,
+    compact: Compact | None = None,
 ) -> str:
+    what = compact.what if compact else "program"
+    statement = compact.statement if compact else problem.description
     parts = [
-        "# Problem\n\n" + problem.description.strip(),
+        "# Problem\n\n" + statement.strip(),
         _objectives_section(problem),
-        "# Current program\n\n" + _scored_program(parent, objectives, None, "the current program"),
+        f"# Current {what}\n\n"
+        + _scored_program(parent, objectives, None, f"the current {what}", compact),
     ]
     feedback = _feedback(parent, feedback_chars) if feedback_chars > 0 else ""
     if feedback:
-        parts.append("# Feedback from evaluating the current program\n\n" + feedback)
+        parts.append(f"# Feedback from evaluating the current {what}\n\n" + feedback)
     if drafts:
         shown = [
-            f"## Program {_letter(i)}\n\n"
-            + _scored_program(draft, objectives, draft_chars, "this program")
+            f"## {what.capitalize()} {_letter(i)}\n\n"
+            + _scored_program(draft, objectives, draft_chars, f"this {what}", compact)
             for i, draft in enumerate(drafts)
         ]
-        parts.append("# Other programs, for ideas\n\n" + "\n\n".join(shown))
-    parts.append(_task(problem, candidates))
+        parts.append(f"# Other {what}s, for ideas\n\n" + "\n\n".join(shown))
+    parts.append(
+        _compact_task(problem, candidates, compact) if compact else _task(problem, candidates)
+    )
     return "\n\n".join(parts) + "\n"
 
 
@@ -149,13 +159,18 @@ def _objectives_section(problem: Problem) -> str:
 
 
 def _scored_program(
-    program: ProgramRecord, objectives: list[str], limit: int | None, what: str
+    program: ProgramRecord,
+    objectives: list[str],
+    limit: int | None,
+    what: str,
+    compact: Compact | None = None,
 ) -> str:
-    """The program's scores and its code, clipped in the middle to `limit` characters (None:
-    whole)."""
+    """The program's scores and its code (its evolved part, with `compact`, where it has one),
+    clipped in the middle to `limit` characters (None: whole)."""
     scores = ", ".join(_score(program, name) for name in objectives)
     status = "" if program.status == "ok" else f" [{program.status}]"
-    code, omitted = _clip(program.code, limit) if limit is not None else (program.code, 0)
+    text = (compact.part(program.code) if compact else None) or program.code
+    code, omitted = _clip(text, limit) if limit is not None else (text, 0)
     code = code if code.endswith("\n") else code + "\n"
     note = f"\n({omitted} lines in the middle of {what} are not shown.)" if omitted else ""
     fence = fence_for(code)
@@ -290,6 +305,33 @@ def _task(problem: Problem, candidates: int) -> str:
         f"define `{problem.entry}` as the problem states.\n\n"
         f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}). "
         f"{form} For example:\n\n"
+        f"{example}\n\n"
+        "Think briefly first if it helps; write nothing after the last candidate."
+    )
+
+
+def _compact_task(problem: Problem, candidates: int, compact: Compact) -> str:
+    """The ask for `candidates` parts in the compact form, each alone in its tags."""
+    what = compact.what
+    names = [o.name for o in problem.objectives]
+    spread = (
+        f" A set whose members excel at different objectives ({', '.join(names)}) is worth "
+        "more than near copies."
+        if len(names) > 1 and candidates > 1
+        else ""
+    )
+    example = "\n".join(
+        f"<candidate_{i}>\n...candidate {i}'s {what}...\n</candidate_{i}>"
+        for i in range(1, min(2, candidates) + 1)
+    )
+    plural = "s" if candidates > 1 else ""
+    return (
+        "# Your task\n\n"
+        f"Write {candidates} {what}{plural} that improve on the current {what}. Make each one "
+        f"a genuinely different form, not a variation of the others; the current {what} "
+        f"again scores nothing.{spread}\n\n"
+        f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}), the "
+        f"{what} alone, no code fence, nothing else. For example:\n\n"
         f"{example}\n\n"
         "Think briefly first if it helps; write nothing after the last candidate."
     )

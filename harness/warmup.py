@@ -27,8 +27,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.campaign import compact_form
 from harness.config import CampaignConfig
 from harness.errors import UserError
+from harness.iteration import expanded
 from harness.llm.base import Completion, Sampling
 from harness.parsing import parse_completion
 from problems.api import Problem
@@ -60,9 +62,17 @@ class WarmupSettings:
             raise UserError(f"warm-up learning rate must be in (0, 1), got {self.learning_rate}")
 
 
-def well_formed(completion: Completion, candidates: int, parent_code: str) -> bool:
-    """Every one of the m candidates came back and parsed, as a campaign reads them."""
+def well_formed(
+    completion: Completion,
+    candidates: int,
+    parent_code: str,
+    expand: Callable[[str], str] | None = None,
+) -> bool:
+    """Every one of the m candidates came back and parsed, as a campaign reads them (`expand`:
+    the compact form's `program`, when the campaign asks for compact candidates)."""
     parsed = parse_completion(completion.text, candidates, parent_code)
+    if expand is not None:
+        parsed = [expanded(candidate, expand) for candidate in parsed]
     return all(candidate.code is not None for candidate in parsed)
 
 
@@ -79,7 +89,8 @@ def warm_up(
     prompt, parent_code = _first_prompt(config, problem)
     sampling = Sampling(config.temperature, config.top_p, config.max_tokens, seed=config.seed)
     completions = _sample(base_generator(config), prompt, settings.samples, sampling)
-    kept = [c for c in completions if well_formed(c, config.candidates, parent_code)]
+    expand = compact.program if (compact := compact_form(config, problem)) else None
+    kept = [c for c in completions if well_formed(c, config.candidates, parent_code, expand)]
     before = len(kept) / len(completions)
     say(
         f"{config.model}: {len(kept)} of {len(completions)} answers well-formed "
@@ -107,7 +118,7 @@ def warm_up(
         measured = replace(config, model=str(out))
         after_sampling = replace(sampling, seed=(config.seed or 0) + 1)
         again = _sample(base_generator(measured), prompt, settings.measure, after_sampling)
-        formed = sum(well_formed(c, config.candidates, parent_code) for c in again)
+        formed = sum(well_formed(c, config.candidates, parent_code, expand) for c in again)
         report["parse_rate_after"] = formed / len(again)
         report["measured"] = len(again)
         say(
@@ -136,7 +147,8 @@ def _first_prompt(config: CampaignConfig, problem: Problem) -> tuple[list[dict[s
         finally:
             store.close()
     assert seed is not None
-    return build_prompt(problem, seed, [], config.candidates), seed.code
+    compact = compact_form(config, problem)
+    return build_prompt(problem, seed, [], config.candidates, compact=compact), seed.code
 
 
 def _sample(

@@ -116,6 +116,31 @@ class Evaluation:
         }
 
 
+class Compact(ABC):
+    """A problem's compact answer form: the model writes only the part of the program that is
+    evolved (FunSearch evolves one function; an equation's skeleton is one expression), and
+    the harness builds the program around it. A completion of m candidates is then tens of
+    tokens, and a prompt showing the parent and its drafts as parts stays short.
+
+    `statement` replaces the problem's description in the prompt (what the part is and how it
+    is scored), `what` names a part in the ask ("expression"), `example` is a part of the
+    right shape that is not an answer."""
+
+    statement: str
+    what: str
+    example: str
+
+    @abstractmethod
+    def part(self, code: str) -> str | None:
+        """The evolved part of a program, or None where the program is not of the form (it is
+        then shown whole)."""
+
+    @abstractmethod
+    def program(self, text: str) -> str:
+        """The program a candidate's text stands for; ValueError with a one-line reason when
+        the text is not a part (a complete program is taken as it is)."""
+
+
 class Problem(ABC):
     """Subclass this (or build an instance) to add a problem.
 
@@ -144,6 +169,8 @@ class Problem(ABC):
     # driver included) is judged by trusted code. Empty: `entry` is called directly.
     driver: str = ""
     driver_entry: str = ""
+    # The compact answer form, where the problem has one (`[sampling] form = "compact"`).
+    compact: Compact | None = None
 
     def calls(self) -> Sequence[Call]:
         """The calls to make; by default one call without arguments that scores every objective."""

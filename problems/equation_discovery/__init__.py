@@ -55,6 +55,7 @@ import numpy as np
 
 from problems.api import MAX_SCORE, Anchor, Call, Infeasible, Objective, Problem
 from problems.equation_discovery import size as equation_size
+from problems.equation_discovery.expression import Expression
 
 DATA = Path(__file__).parent / "data"
 DRIVER = (Path(__file__).parent / "driver.py").read_text()
@@ -186,7 +187,8 @@ SPECS = {
     )
 }
 
-DESCRIPTION = """\
+# What the model writes: a whole program (`form = "program"`) or the expression alone.
+PROGRAM_ASK = """\
 Find the mathematical form of {subject},
 given data on {given}. Write a Python function
 
@@ -195,7 +197,23 @@ given data on {given}. Write a Python function
 {arguments}
     params: an array of {nparams} numeric constants (see below)
 It returns the {target} for each observation: an array with one value per row of the inputs.
+"""
 
+EXPRESSION_ASK = """\
+Find the mathematical form of {subject},
+given data on {given}. Write it as one Python expression, the body of
+
+    def equation({signature}) -> np.ndarray:
+        return <the expression>
+
+{arguments}
+    params: an array of {nparams} numeric constants (see below)
+The expression gives the {target} for each observation (one value per row of the inputs),
+using the inputs, params[0] ... params[{last}] and numpy as np, for instance
+`{example}` (a form, not an answer).
+"""
+
+SCORING = """
 You do not choose the constants. A fixed fitting step sets `params` by minimising the mean
 squared error on the training data (scipy.optimize.minimize, method BFGS, starting from all
 ones, numerical gradients, at most {maxiter} iterations). So write the structure of the
@@ -220,6 +238,8 @@ the starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-o
 {best_id:.3g} and {best_ood:.3g}, the best published results; above 1 beats them. Every
 prediction must be a finite real number.
 """
+DESCRIPTION = PROGRAM_ASK + SCORING
+COMPACT_DESCRIPTION = EXPRESSION_ASK + SCORING
 
 
 def _and(items: list[str]) -> str:
@@ -339,7 +359,8 @@ class EquationDiscovery(Problem):
             ),
         )
         names = [name for name, _ in spec.inputs]
-        self.description = DESCRIPTION.format(
+        example = f"params[0] * {names[0]} ** 2 + params[1] * np.sin({names[-1]})"
+        facts = dict(
             subject=spec.subject,
             given=_and([m if m == n else f"{m} ({n})" for n, m in spec.inputs]),
             signature=", ".join(f"{n}: np.ndarray" for n in names) + ", params: np.ndarray",
@@ -357,9 +378,17 @@ class EquationDiscovery(Problem):
             seed_ood=fit_ood.normalise(spec.seed_nmse[1]),
             best_id=fit_id.best_known,
             best_ood=fit_ood.best_known,
+            example=example,
         )
+        self.description = DESCRIPTION.format(**facts)
         self.seed_program = _program(
             spec, spec.seed, f"{spec.target.capitalize()}: LLM-SR's starting equation, linear."
+        )
+        self.compact = Expression(
+            tuple(names),
+            COMPACT_DESCRIPTION.format(**facts),
+            example,
+            lambda body: _program(spec, body, f"{spec.target.capitalize()}."),
         )
 
     def calls(self) -> tuple[Call, ...]:

@@ -1,0 +1,169 @@
+"""The compact form: an equation candidate written as the expression `equation` returns.
+
+The model writes tens of tokens per candidate instead of a whole program; the harness builds
+the program, shows the parent and drafts as expressions, and refuses what is not one with a
+reason the model can read. Scores are the whole program's, through the same sandbox."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.errors import UserError
+from harness.evaluate import evaluate
+from harness.iteration import classify_group
+from harness.records import code_hash
+from harness.sandbox import Limits, Sandbox
+from problems.circle_packing import CirclePacking
+from problems.equation_discovery import SPECS, EquationDiscovery
+
+OSCILLATOR = EquationDiscovery("oscillator1")
+# Cubic stiffness, cubic damping and an x*v term (tests/test_equation_discovery.py's BETTER).
+BETTER = "params[0] * x + params[1] * v**3 + params[2] * x**3 + params[3] * x * v"
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    with Sandbox(workers=2) as box:
+        yield box
+
+
+@pytest.mark.parametrize("key", sorted(SPECS))
+def test_the_seed_is_its_expression_and_back(key: str) -> None:
+    problem = EquationDiscovery(key)
+    part = problem.compact.part(problem.seed_program)
+    assert part is not None and "def" not in part
+    again = problem.compact.part(problem.compact.program(part))
+    assert again == part
+    # The statement asks for an expression in this problem's inputs, with the same scoring.
+    for name, _ in SPECS[key].inputs:
+        assert name in problem.compact.statement
+    assert "return <the expression>" in problem.compact.statement
+    assert problem.description.split("You do not choose")[1] in problem.compact.statement
+
+
+def test_spellings_of_one_expression_are_one_program() -> None:
+    form = OSCILLATOR.compact
+    spellings = [
+        "params[0]*x + params[1]*v**3",
+        "return params[0] * x + (params[1] * v ** 3)  # cubic damping",
+        "(params[0] * x\n + params[1] * v**3)",
+    ]
+    assert len({code_hash(form.program(text)) for text in spellings}) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", "empty"),
+        ("params[0] * y + params[1]", "`y`: only the inputs (x, v), params and np"),
+        ("params[0] * x +", "not one Python expression"),
+        ("x = params[0]", "not one Python expression"),
+        ("numpy.sin(x) * params[0]", "`numpy`"),
+        ("x" * 3000, "over 2,000 characters"),
+    ],
+)
+def test_what_is_not_an_expression_is_refused_with_its_reason(text: str, words: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        OSCILLATOR.compact.program(text)
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+
+
+def test_builtins_and_names_an_expression_binds_are_fine() -> None:
+    program = OSCILLATOR.compact.program(
+        "sum(params[i] * x**i for i in range(3)) + abs(params[3]) * (lambda u: u * v)(x)"
+    )
+    assert "def equation(x, v, params):" in program
+
+
+def test_an_expression_scores_as_its_whole_program(sandbox: Sandbox) -> None:
+    limits = Limits(wall_seconds=OSCILLATOR.time_limit, memory_mb=OSCILLATOR.memory_mb)
+    compact = evaluate(OSCILLATOR, OSCILLATOR.compact.program(BETTER), sandbox, limits)
+    whole = evaluate(
+        OSCILLATOR,
+        "import numpy as np\n\n\ndef equation(x, v, params):\n    return " + BETTER + "\n",
+        sandbox,
+        limits,
+    )
+    assert compact.status == whole.status == "ok"
+    assert compact.scores == pytest.approx(whole.scores, rel=1e-9)
+    assert compact.scores["fit_id"] > 0.7
+
+
+def test_a_group_of_expressions_becomes_programs_or_reasons() -> None:
+    answer = (
+        f"<candidate_1>\n{BETTER}\n</candidate_1>\n"
+        "<candidate_2>\n```python\nparams[0] * np.sin(x) + params[1] * v\n```\n</candidate_2>\n"
+        "<candidate_3>\nparams[0] * q\n</candidate_3>\n"
+    )
+    seed = OSCILLATOR.seed_program
+    group = classify_group([answer], 3, seed, set(), "equation", OSCILLATOR.compact.program)
+    first, second, third = group.rollouts[0].candidates
+    assert first.outcome == second.outcome == "new"
+    assert first.code.startswith("import numpy as np") and "v ** 3" in first.code
+    assert "np.sin(x)" in second.code
+    assert third.outcome == "unparsed" and "`q`" in third.reason
+    assert group.rollouts[0].status == "partial"
+    # The parent's own expression is the parent again: never evaluated.
+    again = classify_group(
+        ["<candidate_1>\nparams[0]*x + params[1]*v + params[2]\n</candidate_1>"],
+        1,
+        seed,
+        set(),
+        "equation",
+        OSCILLATOR.compact.program,
+    )
+    assert again.rollouts[0].candidates[0].outcome == "duplicate"
+
+
+def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
+    """Through the campaign's own path: stored programs are whole, the next prompt shows the
+    parent and a draft as expressions, and it is much shorter than the whole-program one."""
+    from harness.campaign import evaluate_and_store, prepare
+    from harness.config import build
+    from harness.iteration import SampledIteration
+    from harness.llm import Completion
+    from harness.prompts import build_prompt
+    from harness.selection import Selection
+    from harness.store import Store
+
+    config = build(
+        {"problem": OSCILLATOR.name, "candidates": 2, "group_size": 1, "form": "compact"}
+    )
+    store = Store.open(tmp_path / "campaign.db")
+    campaign_id = store.create_campaign("compact", OSCILLATOR.name, config.to_dict(), 0)
+    text = f"<candidate_1>\n{BETTER}\n</candidate_1>\n<candidate_2>\nparams[0] * x\n</candidate_2>"
+    with Sandbox(workers=2) as box:
+        campaign = prepare(config, store, OSCILLATOR, campaign_id, box)
+        seed = store.program(campaign.seed_id)
+        completion = Completion(text, (1, 2), None, "stop", (7, 8))
+        prompt = [{"role": "user", "content": "improve"}]
+        sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, [completion], [])
+        list(evaluate_and_store(campaign, [sampled]))
+    programs = store.programs(campaign_id, origin="llm")
+    assert len(programs) == 2 and all("def equation(x, v, params):" in p.code for p in programs)
+    best = max(programs, key=lambda p: p.scores["fit_id"])
+    compact = build_prompt(OSCILLATOR, best, [seed], 3, compact=campaign.compact)[1]["content"]
+    whole = build_prompt(OSCILLATOR, best, [seed], 3)[1]["content"]
+    assert "# Current expression" in compact and "# Other expressions, for ideas" in compact
+    assert "params[0] * x + params[1] * v ** 3" in compact
+    assert "params[0] * x + params[1] * v + params[2]" in compact  # the seed, as a draft
+    assert "def equation(x, v, params):" not in compact  # no program is shown whole
+    assert "3 expressions" in compact and "<candidate_2>" in compact
+    assert len(compact) < len(whole)
+
+
+def test_a_problem_without_a_compact_form_is_a_one_line_error() -> None:
+    from harness.campaign import compact_form
+    from harness.config import build
+
+    problem = CirclePacking()
+    config = build({"problem": problem.name, "form": "compact"})
+    with pytest.raises(UserError, match="has no compact form") as caught:
+        compact_form(config, problem)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(UserError, match="'form' must be program or compact"):
+        build({"problem": problem.name, "form": "expression"})
