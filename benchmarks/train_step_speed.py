@@ -95,7 +95,13 @@ def peak_gib() -> float:
 
 
 def ours(
-    folder: str, steps: int, lora: bool, shape: Shape, shared: bool, micro_batch: int
+    folder: str,
+    steps: int,
+    lora: bool,
+    shape: Shape,
+    shared: bool,
+    micro_batch: int,
+    warmup: int = 1,
 ) -> list[float]:
     import numpy as np
     import torch
@@ -111,7 +117,7 @@ def ours(
     )
     rng = np.random.default_rng(0)
     seconds = []
-    for step in range(steps + 1):
+    for step in range(steps + warmup):
         group = Group(
             rollouts=[Rollout(prompt, c) for c in completions],
             scores=rng.random((size, 1, 2)),
@@ -121,13 +127,19 @@ def ours(
         metrics = train_step(policy, [group], config, generator=torch.Generator().manual_seed(step))
         if metrics.unshared != (0 if shared else size) or metrics.trained != size:
             raise SystemExit(f"the step ran another path than asked: {metrics}")
-        if step:
+        if step >= warmup:
             seconds.append(time.perf_counter() - started)
     return seconds
 
 
 def trl_side(
-    folder: str, steps: int, lora: bool, dtype: str, shape: Shape, micro_batch: int
+    folder: str,
+    steps: int,
+    lora: bool,
+    dtype: str,
+    shape: Shape,
+    micro_batch: int,
+    warmup: int = 1,
 ) -> list[float]:
     """Runs under TRL's environment."""
     import dataclasses
@@ -173,7 +185,7 @@ def trl_side(
         "gradient_accumulation_steps": group // micro_batch,
         "num_generations": group,
         "max_completion_length": shape[1],
-        "max_steps": steps + 1,
+        "max_steps": steps + warmup,
         "learning_rate": 1e-6,
         "beta": 1e-3,
         "use_cpu": True,
@@ -204,7 +216,7 @@ def trl_side(
         callbacks=[clock],
     )
     trainer.train()
-    return clock.seconds[1:]
+    return clock.seconds[warmup:]
 
 
 def trl_python(given: str | None) -> Path:
@@ -229,6 +241,13 @@ def main() -> None:
     parser.add_argument("--training", nargs="+", choices=("lora", "full"), default=["lora"])
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=None, help="PxCxG")
     parser.add_argument("--steps", type=int, default=1, help="timed steps per cell")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="untimed steps before the timed ones (1; 0 for long steps, whose first-call costs"
+        " are a small share)",
+    )
     parser.add_argument("--limit", type=float, default=900.0, help="seconds a cell may take")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument(
@@ -251,16 +270,22 @@ def main() -> None:
     args = parser.parse_args()
     if args.steps < 1 or not args.limit > 0 or min(args.micro_batch, args.row_micro_batch) < 1:
         parser.error("--steps and the micro-batches must be >= 1 and --limit > 0")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
     if args.side:
         rows = min(args.row_micro_batch, args.shape[2])
         if args.side == "TRL":
             if args.shape[2] % rows:
                 parser.error(f"TRL needs G a multiple of --row-micro-batch ({rows})")
-            seconds = trl_side(args.folder, args.steps, args.lora, args.dtype, args.shape, rows)
+            seconds = trl_side(
+                args.folder, args.steps, args.lora, args.dtype, args.shape, rows, args.warmup
+            )
         elif args.side == "shared":
-            seconds = ours(args.folder, args.steps, args.lora, args.shape, True, args.micro_batch)
+            seconds = ours(
+                args.folder, args.steps, args.lora, args.shape, True, args.micro_batch, args.warmup
+            )
         else:
-            seconds = ours(args.folder, args.steps, args.lora, args.shape, False, rows)
+            seconds = ours(args.folder, args.steps, args.lora, args.shape, False, rows, args.warmup)
         print(json.dumps({"seconds": seconds, "peak_gib": peak_gib()}))
         return
 
@@ -281,6 +306,7 @@ def main() -> None:
         for training in args.training:
             for shape in shapes:
                 common = ["--folder", folder, "--steps", str(args.steps), "--dtype", dtype]
+                common += ["--warmup", str(args.warmup)]
                 common += ["--shape", "x".join(map(str, shape))]
                 common += ["--micro-batch", str(args.micro_batch)]
                 common += ["--row-micro-batch", str(args.row_micro_batch)]
@@ -329,7 +355,8 @@ def write(
         f"objectives, beta 1e-3, one AdamW step; the shared step packs up to {args.micro_batch} "
         f"rollouts a pass, the per-row step and TRL take {args.row_micro_batch} rows a pass; "
         "LoRA r = 16 "
-        f"(all linear layers); median of {args.steps} timed step(s) after one untimed step; "
+        f"(all linear layers); median of {args.steps} timed step(s) after {args.warmup} "
+        "untimed; "
         "tok/s = G x C completion tokens per second; peak = the process's resident memory",
         "",
         "| model | training | P | C | G | "
@@ -379,7 +406,7 @@ def write(
     if any("stopped" in cell for *_, cells in rows for cell in cells.values()):
         lines += [
             "",
-            "> N: stopped after N s (`--limit`), which held the model's load and the untimed "
+            "> N: stopped after N s (`--limit`), which held the model's load and any untimed "
             "step as well as the timed one(s); no ratio is given for it.",
         ]
     publish(args.out, "\n".join(lines) + "\n")

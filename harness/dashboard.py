@@ -76,6 +76,10 @@ class CampaignView:
         self.measures: dict[int, IterationMeasures] = {}
         self.last_measured = 0
         self.rejected = _no_rejections()
+        # What each policy version sampled, and what it was read at (groups, programs): read
+        # again only when a group or a program was stored since.
+        self.versions: list[dict[str, Any]] = []
+        self.versions_at: tuple[int, int, int] | None = None
 
     @property
     def programs(self) -> int:
@@ -194,6 +198,7 @@ class CampaignView:
                     "tokens": tokens,
                 },
                 "training": [{"step": p.step, **_numbers(p.metrics)} for p in policies],
+                "versions": self._versions(len(policies)),
                 "status": {
                     # Not `idle_s`: the page says whether it runs, and the overview stays a
                     # function of the database (a live view and a fresh one answer alike).
@@ -208,6 +213,16 @@ class CampaignView:
                 "measures": _thinned(views.measure_series(list(self.measures.values()))),
                 "last_program_id": self.last_id,
             }
+
+    def _versions(self, steps: int) -> list[dict[str, Any]]:
+        """Per policy version, what it sampled (`Store.version_measures`), read again only
+        once a group, a program or a version was stored since the last read."""
+        at = (len(self.groups), self.last_id, steps)
+        if at != self.versions_at:
+            rows = self._store.version_measures(self.campaign.id, self.objectives)
+            self.versions = [row.as_json() for row in rows]
+            self.versions_at = at
+        return self.versions
 
     def top(
         self,

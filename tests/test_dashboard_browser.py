@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from harness.records import NewProgram
+from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -174,7 +174,7 @@ def test_dashboard_in_chromium(
                     ("staleness", 0.5),
                 )
             }
-            writer.record_train_step(
+            version = writer.record_train_step(
                 1, step=step, path=f"s{step}", metrics={"step": step, **metrics}, group_ids=[step]
             )
     training = _wait(
@@ -194,6 +194,49 @@ def test_dashboard_in_chromium(
         "Training: staleness": (2, 1),
     }
     driver.save_screenshot(str(ARTIFACTS / "dashboard-training.png"))
+
+    # A group the trained weights (version 2) sampled: the share of rollouts they sampled, and
+    # what each version sampled (the start: three rollouts, parse rate 3/4 and 1/2).
+    with Store.open(sqlite_database) as writer:
+        program = NewProgram("def f():\n    return 21\n", "ok", {"a": 0.3, "b": 0.35}, {})
+        writer.record_iteration(
+            1,
+            NewGroup(
+                iteration=2,
+                island=0,
+                parent_id=1,
+                draft_ids=(),
+                prompt=[{"role": "user", "content": "improve again"}],
+                prompt_token_ids=[8],
+                rollouts=[
+                    RolloutRecord(
+                        "text",
+                        [1, 2],
+                        [-0.1, -0.2],
+                        "stop",
+                        "ok",
+                        None,
+                        [CandidateRecord(1, "new", program), CandidateRecord(2, "new", program)],
+                    )
+                ],
+                policy_version_id=version,
+            ),
+        )
+    versions = _wait(
+        driver,
+        "the versions table",
+        "const t = document.getElementById('versions-table'); return t && !t.closest('[hidden]')"
+        " && t.querySelectorAll('tbody tr').length === 2 && [...t.querySelectorAll('tbody tr')]"
+        ".map(r => [...r.cells].map(c => c.textContent))",
+    )
+    assert versions[0][:3] == ["0 (start)", "2", "3"]
+    assert versions[1][:3] == ["2", "1", "1"] and versions[1][-2:] == ["0.3000", "0.3500"]
+    share = driver.execute_script(
+        "const c = [...document.querySelectorAll('.card')].find(c => c.querySelector('.label')"
+        ".textContent === 'sampled by trained weights'); return c.querySelector('.value')"
+        ".textContent"
+    )
+    assert share == "1 of 4 (25%)"
 
     # A record above the best known value (1): its card says so, the best-value plot draws the
     # best known value to compare, and its scores are marked in the tables.

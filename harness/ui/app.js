@@ -207,7 +207,30 @@ function renderSummary(o) {
     const raw = best.raw === null ? "" : ` (raw ${fmt(best.raw, 6)})`;
     cards.push(card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`, best.record));
   }
+  const rollouts = o.versions.reduce((a, v) => a + v.rollouts, 0);
+  if (o.policy_steps || o.versions.some((v) => v.step > 0)) {
+    const trained = o.versions.filter((v) => v.step > 0).reduce((a, v) => a + v.rollouts, 0);
+    const share = rollouts ? ` (${Math.round((100 * trained) / rollouts)}%)` : "";
+    cards.push(card("sampled by trained weights", `${fmt(trained)} of ${fmt(rollouts)}${share}`));
+  }
   $("summary").replaceChildren(...cards);
+  renderVersions(o);
+}
+
+// What each policy version sampled: a table, once a version other than the start has any.
+function renderVersions(o) {
+  const box = $("versions");
+  box.hidden = !o.versions.some((v) => v.step > 0);
+  if (box.hidden) return;
+  const head = el("tr", {}, ...["version", "groups", "rollouts", "parse rate", "pool diversity",
+    ...o.objectives.map((n) => `best ${n}`)].map((t) => el("th", { text: t })));
+  const rows = o.versions.map((v) => el("tr", {},
+    el("td", { text: v.step === 0 ? "0 (start)" : String(v.step) }),
+    el("td", { text: fmt(v.groups) }), el("td", { text: fmt(v.rollouts) }),
+    el("td", { text: fmt(v.parse_rate, 2) }), el("td", { text: fmt(v.pool_diversity, 3) }),
+    ...o.objectives.map((n) => el("td", { text: fmt(v.best[n] ?? null) }))));
+  box.replaceChildren(el("h3", { text: "What each policy version sampled" }),
+    el("table", { id: "versions-table" }, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
 
 function renderPlots(o) {
