@@ -9,6 +9,7 @@ max_tokens, temperature, token budget and LoRA settings:
 
     none   m = 3 candidates per rollout, no training (evolution alone)
     grpo   m = 1, one LoRA step of GRPO after every `train_every` new groups
+    multi  m = 3, Multi-RLVR: the candidates' summed scalar reward, one LoRA step likewise
     vpo    m = 3, one LoRA step of VPO after every `train_every` new groups
 
 Each (arm, seed) is a whole `vpo run` process on a fresh SQLite database with
@@ -70,11 +71,13 @@ PROBLEM = "equation_discovery:oscillator1"
 ARMS: dict[str, tuple[int, str | None]] = {
     "none": (3, None),
     "grpo": (1, "grpo"),
+    "multi": (3, "multi_rlvr"),
     "vpo": (3, "vpo"),
 }
 ARM_TITLES = {
     "none": "no training (m = 3)",
     "grpo": "GRPO in the loop (m = 1)",
+    "multi": "Multi-RLVR in the loop (m = 3, summed scalar)",
     "vpo": "VPO in the loop (m = 3)",
 }
 GRID_POINTS = 101  # points on the tokens axis where the seeds' curves are averaged
@@ -163,6 +166,7 @@ def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list
         "--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens),
         "--temperature", str(args.temperature), "--iterations", str(args.iterations),
         "--token-budget", str(args.token_budget), "--drafts", str(args.drafts),
+        "--form", args.form,
     ]  # fmt: skip
     if advantage is not None:
         # `micro_batch` has no flag: it goes in a config file beside the database.
@@ -425,7 +429,7 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default="none,grpo,vpo", help="of none, grpo, vpo")
+    parser.add_argument("--arms", default="none,grpo,vpo", help="of none, grpo, multi, vpo")
     parser.add_argument("--seeds", default="0,1,2", help="campaign seeds, e.g. 0,1,2")
     parser.add_argument("--problem", default=PROBLEM)
     parser.add_argument("--model", default="qwen-coder")
@@ -443,6 +447,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5, help="the LoRA learning rate")
     parser.add_argument("--kl-beta", type=float, default=0.0, help="KL weight (0: no reference)")
     parser.add_argument("--drafts", type=int, default=0, help="drafts beside the parent")
+    parser.add_argument(
+        "--form",
+        choices=("program", "compact"),
+        default="program",
+        help="candidates as whole programs or as the expression alone (compact)",
+    )
     # The campaign's default: a group's G rollouts in one pass, its prompt run once (a
     # micro-batch of 1 would train each rollout in a row of its own, the prompt G times).
     parser.add_argument(
