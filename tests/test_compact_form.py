@@ -37,11 +37,12 @@ def test_the_seed_is_its_expression_and_back(key: str) -> None:
     assert part is not None and "def" not in part
     again = problem.compact.part(problem.compact.program(part))
     assert again == part
-    # The statement asks for an expression in this problem's inputs, with the same scoring.
+    # The statement asks for an expression in this problem's inputs and says how it scores.
     for name, _ in SPECS[key].inputs:
         assert name in problem.compact.statement
     assert "return <the expression>" in problem.compact.statement
-    assert problem.description.split("You do not choose")[1] in problem.compact.statement
+    for words in ("fit_id", "fit_ood", "simplicity", "starting equation scores", SPECS[key].ood):
+        assert words in problem.compact.statement
 
 
 def test_spellings_of_one_expression_are_one_program() -> None:

@@ -238,8 +238,22 @@ the starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-o
 {best_id:.3g} and {best_ood:.3g}, the best published results; above 1 beats them. Every
 prediction must be a finite real number.
 """
+# The compact statement says the same in fewer words: its prompts are what a step trains on.
+COMPACT_SCORING = """
+You do not choose the constants: they are fitted to the training data (least squares, BFGS from
+all ones), so write the form of the equation with params[i] where a constant belongs; unused
+entries are ignored. The starting equation is linear; the real one has terms it misses (powers,
+products of the inputs, exponentials, trigonometric or rational terms).
+
+Scores are on held-out data, from NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2) on a
+log scale: 0 at NMSE 1 (predicting the mean), 1 at the best published result.
+- fit_id: in the training region; fit_ood: outside it, {ood};
+- simplicity: {half}/({half} + size), size = the operators, calls, literals and params used;
+  only when the in-domain NMSE is at most {gate:.3g}, else 0.
+The starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain).
+"""
 DESCRIPTION = PROGRAM_ASK + SCORING
-COMPACT_DESCRIPTION = EXPRESSION_ASK + SCORING
+COMPACT_DESCRIPTION = EXPRESSION_ASK + COMPACT_SCORING
 
 
 def _and(items: list[str]) -> str:
