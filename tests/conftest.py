@@ -744,8 +744,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Notes the last test to use the tiny server, once deselection and reordering are done."""
+    """Notes the last test to use the tiny server, once deselection and reordering are done;
+    refuses to run where pytest-xdist's loadgroup lost the groups (a pytest it does not know
+    ignored its renaming of the tests): each test would go to any worker, loading each file's
+    models and the session's server on both."""
     global _last_tiny_server_user
+    # On a worker, pytest-xdist says `--dist loadgroup` by this option (its `dist` is "no").
+    if getattr(session.config.option, "loadgroup", False):
+        lost = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if lost:
+            raise pytest.UsageError(
+                f"pytest-xdist's loadgroup did not take ({lost[0]} has no @group): pytest "
+                f"{pytest.__version__} is not one it supports; pyproject.toml pins one"
+            )
     users = [item for item in session.items if "tiny_server" in getattr(item, "fixturenames", ())]
     _last_tiny_server_user = users[-1] if users else None
 
