@@ -30,7 +30,7 @@ BUDGET, EVERY = 24, 2
 
 
 @pytest.mark.timeout(900)
-def test_a_training_campaign_survives_ten_kills(tiny_model: str, tmp_path: Path) -> None:
+def test_a_training_campaign_survives_eight_kills(tiny_model: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 't.db'}"
     # The tiny model's groups are flat, and a step of flat groups only takes no optimiser step:
     # every step runs here, so the optimiser's step count can be checked against the versions.
@@ -52,9 +52,10 @@ def test_a_training_campaign_survives_ten_kills(tiny_model: str, tmp_path: Path)
     # commit, so a round records at most one iteration of its own and ends killed however fast
     # the machine is (rounds that outran their timer once spent the budget and exited 0).
     plan: list[tuple[str, object]] = [("fault", point) for point in POINTS]
-    # (Twenty rounds, 12 and 4 of these, took three minutes of a 15-minute test suite.)
-    plan += [("work", rng.uniform(0.0, 1.5)) for _ in range(4)]
-    plan += [("start", rng.uniform(0.5, 8.0)) for _ in range(2)]
+    # (Twenty rounds, 12 and 4 of these, took three minutes of a 15-minute test suite; each
+    # round is a `vpo run` start-up. tests/test_concurrency.py kills mid-batch besides.)
+    plan += [("work", rng.uniform(0.0, 1.5)) for _ in range(3)]
+    plan += [("start", rng.uniform(0.5, 8.0)) for _ in range(1)]
     rng.shuffle(plan[len(POINTS) :])
     outcomes = []
     progress = []  # iterations recorded after each round
