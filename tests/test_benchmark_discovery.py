@@ -98,3 +98,29 @@ def test_the_hypervolume_leaves_out_objectives_no_program_scored_on() -> None:
     assert runs["none"][0].hypervolume([0, 1, 2]) == 0.0
     nothing = {"none": [result([[0.0, 0.0, 0.0]])]}
     assert discovery.live_objectives(nothing) == [0, 1, 2]
+
+
+def _load(name: str) -> object:
+    sys.path.insert(0, str(_PATH.parent))
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", _PATH.parent / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_probes_set_score_is_vpos() -> None:
+    """benchmarks/probe.py's set score: with two objectives and w ~ Dirichlet(1), a completion
+    whose candidates are the two corners scores E[max(w, 1 - w)] = 3/4, a compromise (0.6, 0.6)
+    0.6, and a copy of one corner what that corner alone scores, 1/2."""
+    probe = _load("probe")
+    rng = np.random.default_rng(0)
+    corners = np.array([[[1.0, 0.0], [0.0, 1.0]]])
+    compromise = np.array([[[0.6, 0.6], [0.6, 0.6]]])
+    copies = np.array([[[1.0, 0.0], [1.0, 0.0]]])
+    assert probe.set_score(corners, rng) == pytest.approx(0.75, abs=0.02)
+    assert probe.set_score(compromise, rng) == pytest.approx(0.6)
+    assert probe.set_score(copies, rng) == pytest.approx(0.5, abs=0.03)
+    both = np.concatenate([corners, compromise])
+    assert probe.set_score(both, np.random.default_rng(1)) == pytest.approx(0.675, abs=0.02)
