@@ -264,13 +264,7 @@ def _tail(text: str, limit: int) -> str:
 
 
 def _task(problem: Problem, candidates: int) -> str:
-    names = [o.name for o in problem.objectives]
-    spread = (
-        f" A set whose members excel at different objectives ({', '.join(names)}) is worth "
-        "more than near copies."
-        if len(names) > 1 and candidates > 1
-        else ""
-    )
+    spread = _spread(problem, candidates)
     each = "each candidate" if candidates > 1 else "the candidate"
     plural = "s" if candidates > 1 else ""
     if problem.edits:
@@ -310,16 +304,21 @@ def _task(problem: Problem, candidates: int) -> str:
     )
 
 
+def _spread(problem: Problem, candidates: int) -> str:
+    """The sentence asking for candidates that differ in the objectives they excel at."""
+    names = [o.name for o in problem.objectives]
+    if len(names) > 1 and candidates > 1:
+        return (
+            f" A set whose members excel at different objectives ({', '.join(names)}) is worth "
+            "more than near copies."
+        )
+    return ""
+
+
 def _compact_task(problem: Problem, candidates: int, compact: Compact) -> str:
     """The ask for `candidates` parts in the compact form, each alone in its tags."""
     what = compact.what
-    names = [o.name for o in problem.objectives]
-    spread = (
-        f" A set whose members excel at different objectives ({', '.join(names)}) is worth "
-        "more than near copies."
-        if len(names) > 1 and candidates > 1
-        else ""
-    )
+    spread = _spread(problem, candidates)
     example = "\n".join(
         f"<candidate_{i}>\n...candidate {i}'s {what}...\n</candidate_{i}>"
         for i in range(1, min(2, candidates) + 1)
