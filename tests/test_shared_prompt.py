@@ -19,6 +19,7 @@ from trainer.logprobs import pack_batch, plan_passes, token_batch, token_logprob
 from trainer.loss import LossConfig
 from trainer.models import load_tokenizer, resolve_model, tiny_llama_config
 from trainer.policy import Policy, PolicyConfig
+from trainer.prompt_attention import PREFIX_SHARED, layout
 from trainer.train import Group, Rollout, TrainConfig, train_step
 
 PROMPTS = [
@@ -53,8 +54,12 @@ def architecture(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-def load(folder: str, lora: bool) -> Policy:
-    config = PolicyConfig(lr=1e-2, lora=lora, lora_rank=4, reference=True)
+def load(folder: str, lora: bool, checkpointing: str = "off") -> Policy:
+    """A policy in float32; with `checkpointing` "on" each layer is recomputed in the backward
+    pass, where the prompt-sharing attention must get its layout again."""
+    config = PolicyConfig(
+        lr=1e-2, lora=lora, lora_rank=4, reference=True, gradient_checkpointing=checkpointing
+    )
     torch.manual_seed(5)  # the same adapter's initial weights each time
     policy = Policy.load(folder, config)
     policy.autocast_dtype = torch.float32  # compare float32 with float32
@@ -97,6 +102,9 @@ def test_packed_logprobs_and_gradients_equal_a_row_per_rollout(
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         results.append((values * mask, mass * mask, grads))
     (per_row, per_row_mass, per_row_grads), (packed, packed_mass, packed_grads) = results
+    # SDPA models take the prompt-sharing attention; eager ones keep the dense block mask.
+    expected = PREFIX_SHARED if attention == "sdpa" else "eager"
+    assert model.config._attn_implementation == expected
     assert packed.shape == per_row.shape and per_row.abs().sum() > 0
     torch.testing.assert_close(packed, per_row, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(packed_mass, per_row_mass, atol=2e-5, rtol=1e-5)
@@ -138,9 +146,13 @@ def step_gradients(policy: Policy, groups: list[Group], config: TrainConfig) -> 
     return metrics, seen[0]
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize(
+    ("lora", "checkpointing"),
+    [(False, "off"), (True, "off"), (True, "on")],
+    ids=["full", "lora", "lora-checkpointed"],
+)
 def test_a_shared_prompt_step_is_the_per_row_step(
-    architecture: str, lora: bool, tmp_path: Path
+    architecture: str, lora: bool, checkpointing: str, tmp_path: Path
 ) -> None:
     folder = save_model(tmp_path / architecture, architecture, "sdpa")
     config = TrainConfig(
@@ -148,7 +160,7 @@ def test_a_shared_prompt_step_is_the_per_row_step(
     )
     results = []
     for packed in (False, True):
-        policy = load(folder, lora)
+        policy = load(folder, lora, checkpointing)
         groups = sampled_groups(policy, (5, 4))  # 5 > micro_batch: a group split over passes
         # A step first, so the compared one has a reference to differ from (KL > 0) and its
         # groups, sampled before it, ratios away from 1.
@@ -165,6 +177,7 @@ def test_a_shared_prompt_step_is_the_per_row_step(
         assert getattr(shared, name) == pytest.approx(getattr(per_row, name), rel=1e-3, abs=1e-7)
     assert per_row_grads.norm() > 0
     torch.testing.assert_close(shared_grads, per_row_grads, atol=1e-6, rtol=1e-4)
+    assert policy.checkpointing == (checkpointing == "on")
 
 
 def test_passes_pack_each_prompts_rollouts_and_split_big_groups() -> None:
@@ -184,3 +197,34 @@ def test_passes_pack_each_prompts_rollouts_and_split_big_groups() -> None:
     assert plan_passes(rows, order, 3, shared=False) == [
         [[0], [1], [2]], [[3], [4], [5]], [[6], [7]]
     ]  # fmt: skip
+
+
+def test_layout_reads_the_prompt_and_each_completion_of_a_packed_row() -> None:
+    segments = torch.tensor(
+        [
+            [0, 0, 0, 1, 1, 2, 3, 3, 3, -1],  # three completions, then padding
+            [0, 0, 0, 0, 0, 0, 1, 1, 1, 1],  # one completion filling the row
+            [0, 0, 0, 0, -1, -1, -1, -1, -1, -1],  # a prompt alone
+        ]
+    )
+    assert layout(segments) == [
+        (3, [(3, 5), (5, 6), (6, 9)]),
+        (6, [(6, 10)]),
+        (4, []),
+    ]
+
+
+def test_the_prompt_sharing_attention_is_sdpa_without_a_layout(tmp_path: Path) -> None:
+    """Generation and rows of their own go through SDPA unchanged once a model is switched."""
+    from transformers import AutoModelForCausalLM
+
+    folder = save_model(tmp_path / "qwen2", "qwen2", "sdpa")
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    rows = rows_of_two_groups()
+    batch = token_batch(rows)
+    with torch.no_grad():
+        before = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        token_logprobs(model, pack_batch([(rows[0][0], [rows[0][1]], [None])]), 1.0, 1.0)
+        assert model.config._attn_implementation == PREFIX_SHARED
+        after = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    torch.testing.assert_close(after, before, atol=0, rtol=0)

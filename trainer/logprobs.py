@@ -26,6 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.prompt_attention import LAYOUT, PREFIX_SHARED, install, layout
+
 # Row = (prompt ids, completion ids, the sampler's log-probs of the completion or None).
 Row = tuple[list[int], list[int], list[float] | None]
 # The nucleus is looked for among this many top tokens first (as the transformers sampler does);
@@ -44,6 +46,7 @@ class TokenLogprobs(nn.Module):
         super().__init__()
         self.model = model
         _backbone_and_head(model)  # a model without a decoder and head is refused here
+        install(model)  # SDPA models attend to packed rows without an L x L mask
 
     def forward(
         self,
@@ -63,11 +66,22 @@ class TokenLogprobs(nn.Module):
 
         A row per rollout (`token_batch`: R = N), or packed rows (`pack_batch`: `segments`,
         `position_ids` and `rollout_rows` given), each one prompt and several completions
-        under a block mask built here from `segments`."""
+        under the prompt-sharing attention (`prompt_attention`) or, for eager attention, a
+        block mask built here from `segments`."""
         backbone, head = _backbone_and_head(self.model)
         if segments is None:
             hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
             rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        elif attention_kind(self.model) == PREFIX_SHARED:
+            # A 4D mask is taken as given: a placeholder, as the layout says who sees whom.
+            placeholder = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=input_ids.device)
+            hidden = backbone(
+                input_ids=input_ids,
+                attention_mask=placeholder,
+                position_ids=position_ids,
+                **{LAYOUT: layout(segments)},
+            ).last_hidden_state
+            rows = rollout_rows
         else:
             mask = block_mask(segments, attention_kind(self.model))
             hidden = backbone(
@@ -128,8 +142,9 @@ def token_logprobs(
     )
 
 
-# Attention implementations that take an arbitrary 4D mask: a packed row needs one.
-PACKABLE = ("sdpa", "eager")
+# Attention implementations that run packed rows: the prompt-sharing one, and those that take
+# an arbitrary 4D mask.
+PACKABLE = (PREFIX_SHARED, "sdpa", "eager")
 
 
 def attention_kind(model: Any) -> str:
