@@ -1,13 +1,20 @@
-"""Attention over packed rows without a mask as long as the row: the prompt runs causally on its
-own, and each completion attends to the prompt's keys and values and to its own earlier tokens.
+"""Attention over packed rows without a mask over the whole row: the prompt runs causally on its
+own, and the rest of the row (each completion, then padding) attends to the row's keys under a
+mask of (L - P) x L rows: a completion sees the prompt and its own earlier tokens.
 
-A packed row (`logprobs.pack_batch`) holds one prompt of P tokens and then G completions. Under
-a dense block mask every layer compares all L = P + sum C tokens with each other, masked pairs
-included: on a 2-core CPU at P = 1,000, C = 300, G = 8 that attention cost as much as running
-the completions in rows of their own. Here the work is P^2 / 2 for the prompt (SDPA's causal
-kernel) plus sum C (P + C) for the completions, and nothing of size L x L is built. The result
-is the block mask's, up to float32 rounding (a completion token sees the same keys with the
-same positions); the same idea is Prefix Grouper's (arXiv 2506.05433).
+A packed row (`logprobs.pack_batch`) holds one prompt of P tokens and then G completions, L
+tokens in all. Under a dense block mask every layer compares all L tokens with each other,
+masked pairs included; here the prompt's P rows take SDPA's causal kernel (no mask, P^2 / 2)
+and only the completions' rows carry a mask. The result is the block mask's, up to float32
+rounding (a completion token sees the same keys at the same positions); the same idea is Prefix
+Grouper's (arXiv 2506.05433). Both calls are 4D: SDPA's fused CPU kernel takes nothing else,
+and a 3D call falls back to the unfused one (twice the step's time, measured).
+
+Measured on SmolLM2 (LoRA, bf16 CPU, one step of one group, `benchmarks/train_step_speed.py`):
+at P = 1,000, G = 8 the same time as the dense mask with C = 60 and 7% less with C = 300. What
+remains at long completions is the masked completions-against-row kernel; giving each completion
+only the prompt's keys and its own (copies of the prompt's keys per completion, or per-completion
+calls) measured slower on 2 cores.
 
 It runs as a transformers attention implementation, `PREFIX_SHARED`, that a model takes in
 place of "sdpa" (`install`): without a layout it is SDPA, unchanged, so generation and rows of
@@ -80,47 +87,34 @@ def prefix_shared_attention(
     if groups > 1:
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
-    width = query.shape[2]
     outputs = []
     for b, (prompt, spans) in enumerate(rows):
-        q, k, v = query[b], key[b], value[b]  # (H, L, D)
-        pieces = [_attend(q[:, :prompt], k[:, :prompt], v[:, :prompt], None, dropout, scaling)]
-        if spans:
-            pieces.extend(_completions(q, k, v, prompt, spans, dropout, scaling))
-        used = spans[-1][1] if spans else prompt
-        if used < width:
-            pieces.append(q.new_zeros(q.shape[0], width - used, q.shape[2]))
-        outputs.append(torch.cat(pieces, dim=1))
-    return torch.stack(outputs).transpose(1, 2).contiguous(), None
+        # SDPA's fused CPU kernel takes 4D inputs only: a 3D call falls back to the unfused one.
+        q, k, v = query[b : b + 1], key[b : b + 1], value[b : b + 1]  # (1, H, L, D)
+        head = _attend(q[:, :, :prompt], k[:, :, :prompt], v[:, :, :prompt], None, dropout, scaling)
+        if prompt == q.shape[2]:
+            outputs.append(head)
+            continue
+        # The rest of the row (completions, then padding) against every key of the row, under
+        # a mask of (L - P) x L: a completion sees the prompt and its own earlier tokens.
+        mask = _rest_mask(prompt, spans, q.shape[2], q.device)
+        tail = _attend(q[:, :, prompt:], k, v, mask, dropout, scaling)
+        outputs.append(torch.cat([head, tail], dim=2))
+    return torch.cat(outputs).transpose(1, 2).contiguous(), None
 
 
-def _completions(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    prompt: int,
-    spans: list[tuple[int, int]],
-    dropout: float,
-    scaling: float | None,
-) -> list[Tensor]:
-    """Each completion's (H, C, D) output, all of them in one batched SDPA call: completion j's
-    queries against the prompt's keys and its own, padded to the longest completion."""
-    longest = max(end - start for start, end in spans)
-
-    def padded(t: Tensor) -> Tensor:
-        return torch.stack([F.pad(t[:, s:e], (0, 0, 0, longest - (e - s))) for s, e in spans])
-
-    n = len(spans)
-    keys = torch.cat([k[:, :prompt].expand(n, -1, -1, -1), padded(k)], dim=2)
-    values = torch.cat([v[:, :prompt].expand(n, -1, -1, -1), padded(v)], dim=2)
-    lengths = torch.tensor([e - s for s, e in spans], device=q.device)
-    own = torch.arange(longest, device=q.device)
-    sees_own = (own.unsqueeze(0) <= own.unsqueeze(1)) & (own < lengths.view(n, 1, 1))
-    mask = torch.cat(
-        [torch.ones(n, longest, prompt, dtype=torch.bool, device=q.device), sees_own], dim=2
-    )  # a padding query sees the prompt: its output is dropped, and it is never all -inf
-    out = _attend(padded(q), keys, values, mask.unsqueeze(1), dropout, scaling)
-    return [out[j, :, : e - s] for j, (s, e) in enumerate(spans)]
+def _rest_mask(prompt: int, spans: list[tuple[int, int]], width: int, device: Any) -> Tensor:
+    """Who the rows after the prompt see: the prompt, and their own completion's earlier tokens;
+    padding sees the prompt only (its output is dropped, and no row is all -inf)."""
+    segment = torch.zeros(width, dtype=torch.long)
+    for j, (start, end) in enumerate(spans, start=1):
+        segment[start:end] = j
+    rest = segment[prompt:]
+    position = torch.arange(width)
+    own = (rest.view(-1, 1) == segment.view(1, -1)) & (rest.view(-1, 1) > 0)
+    causal = position.view(1, -1) <= position[prompt:].view(-1, 1)
+    sees = (segment.view(1, -1) == 0) & (position.view(1, -1) < prompt) | (own & causal)
+    return sees.to(device).view(1, 1, width - prompt, width)
 
 
 def _attend(
