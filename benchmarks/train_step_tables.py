@@ -28,6 +28,8 @@ SOURCES = (
     "train_step_speed_grid.md",
     "train_step_speed_4000.md",
     "train_step_speed_g16.md",
+    "train_step_speed_prefix.md",
+    "train_step_speed_prefix_g16.md",
 )
 METHODS = ("shared", "per-row", "TRL")
 
@@ -63,7 +65,10 @@ def main() -> None:
         " where the CPU has AVX-512 BF16) and limits: compare the ratios within a row. `> N`: the"
         " side ran past the run's limit of N s (load and any untimed step included); `killed`:"
         " out of memory on 24 GiB. The file named in each row has the run's command, date and"
-        " settings. Collected by `python benchmarks/train_step_tables.py`.",
+        " settings. The shared step of the runs before train_step_speed_prefix*.md attended"
+        " under a dense block mask over the packed row; from those on, through the prompt-sharing"
+        " attention (trainer/prompt_attention.py, docs/training.md). Collected by"
+        " `python benchmarks/train_step_tables.py`.",
         "",
         "| model | training | P | C | G | dtype | shared s | per-row s | TRL s"
         " | shared peak GiB | per-row peak GiB | TRL peak GiB | vs per-row | vs TRL | run |",
