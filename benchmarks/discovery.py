@@ -80,6 +80,7 @@ ARM_TITLES = {
     "multi": "Multi-RLVR in the loop (m = 3, summed scalar)",
     "vpo": "VPO in the loop (m = 3)",
 }
+BEST_AT_SHOWN = (1, 3, 5, 10, 20, 30)
 GRID_POINTS = 101  # points on the tokens axis where the seeds' curves are averaged
 STDERR_TAIL_LINES = 3
 STOP_GRACE_S = 10
@@ -127,6 +128,9 @@ class RunResult:
     parse_rate: float
     parse_first_half: float
     parse_second_half: float
+    rollouts: int
+    trained_rollouts: int  # sampled by a trained version (step > 0)
+    probe: dict | None = None  # what the last version samples on the first prompt (probe.py)
 
     @property
     def best(self) -> np.ndarray:
@@ -139,6 +143,10 @@ class RunResult:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s
+
+    @property
+    def trained_share(self) -> float:
+        return self.trained_rollouts / self.rollouts if self.rollouts else float("nan")
 
 
 def database(folder: Path, arm: str, seed: int) -> Path:
@@ -180,9 +188,12 @@ def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list
     return command
 
 
-def run(arm: str, seed: int, args: argparse.Namespace, folder: Path, label: str) -> RunResult:
-    """One `vpo run` to its end, its iteration lines echoed to stderr; a failed run stops the
-    benchmark with the tail of its stderr."""
+def run(
+    arm: str, seed: int, args: argparse.Namespace, folder: Path, label: str, probe: str = ""
+) -> RunResult:
+    """One `vpo run` to its end, its iteration lines echoed to stderr, then the `probe` of its
+    versions ("0", "last" or both; "" for none); a failed run stops the benchmark with the tail
+    of its stderr."""
     db = database(folder, arm, seed)
     log = db.with_suffix(".stderr")
     started = time.perf_counter()
@@ -212,6 +223,9 @@ def run(arm: str, seed: int, args: argparse.Namespace, folder: Path, label: str)
         said = [line for line in lines if line.startswith("vpo: error:")]
         tail = said[-1:] or lines[-STDERR_TAIL_LINES:] or ["nothing on stderr"]
         raise SystemExit(f"{label} failed (exit {returncode}): " + " / ".join(tail))
+    if probe:
+        print(f"{label} probing version(s) {probe}", file=sys.stderr, flush=True)
+        probe_run(db, probe, db.with_suffix(".probe.json"), args.probe_seed)
     return read_run(arm, seed, db, wall)
 
 
@@ -257,6 +271,7 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
                 scores.append([program.scores.get(name, 0.0) for name in objectives])
         measures = store.iteration_measures(campaign_id)
         policies = store.policies(campaign_id)
+        versions = store.version_measures(campaign_id, objectives)
     rates = [m.parse_rate for m in measures if m.parse_rate is not None]
     half = len(rates) // 2
     return RunResult(
@@ -274,7 +289,43 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         parse_rate=mean_of(rates),
         parse_first_half=mean_of(rates[:half]),
         parse_second_half=mean_of(rates[half:]),
+        rollouts=sum(row.rollouts for row in versions),
+        trained_rollouts=sum(row.rollouts for row in versions if row.step > 0),
+        probe=read_probe(db.with_suffix(".probe.json")),
     )
+
+
+# The probe: version 0 and a run's last version on the campaign's first prompt (probe.py), each
+# in a process of its own (a second engine in this one would hold two models' memory).
+PROBE_SLOTS = 30  # the VPO paper's pool: 10 completions x m = 3, or 30 x 1
+
+
+def probe_run(db: Path, versions: str, out: Path, seed: int) -> None:
+    """Probe `versions` of the run in `db` into `out` (JSON); a failed probe stops the benchmark
+    with its last line."""
+    from harness.config import build
+    from harness.store import Store
+
+    with Store.open(str(db), read_only=True) as store:
+        (campaign,) = store.campaigns()
+        m = build(campaign.config).candidates
+    command = [
+        sys.executable, str(ROOT / "benchmarks" / "probe.py"), "--db", str(db),
+        "--versions", versions, "--completions", str(PROBE_SLOTS // m), "--seed", str(seed),
+        "--out", str(out.with_suffix(".md")), "--json", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise SystemExit(f"probe of {db.name} failed: {(lines or ['no output'])[-1]}")
+
+
+def read_probe(path: Path) -> dict | None:
+    import json
+
+    if not path.exists():
+        return None
+    return {row["step"]: row for row in json.loads(path.read_text())}
 
 
 # The report.
@@ -336,8 +387,9 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
     lines += [
         "",
         "| arm | tokens | iterations | training steps | training s | pool diversity | "
-        "parse rate | parse rate, 1st half -> 2nd half | tok/s over the wall |",
-        "|---|" + "---:|" * 8,
+        "parse rate | parse rate, 1st half -> 2nd half | sampled by trained weights | "
+        "tok/s over the wall |",
+        "|---|" + "---:|" * 9,
     ]
     for arm, results in runs.items():
         first = spread([r.parse_first_half for r in results], 2, bounds=False)
@@ -350,9 +402,11 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
             spread([r.diversity for r in results]),
             spread([r.parse_rate for r in results], 2),
             f"{first} -> {second}",
+            spread([r.trained_share for r in results], 2),
             spread([r.tokens_per_s for r in results], 1),
         ]
         lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
+    lines += probe_table(runs)
     lines += [
         "",
         "Every run:",
@@ -377,6 +431,47 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
             ]
             lines.append(f"| {arm} | {r.seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def probe_table(runs: dict[str, list[RunResult]]) -> list[str]:
+    """Version 0 (once per m) against each trained arm's last version on the first prompt, the
+    last versions' values as mean [min, max] over seeds; nothing when nothing was probed."""
+    rows: list[tuple[str, list[dict]]] = []
+    for arm, results in runs.items():
+        starts = [r.probe[0] for r in results if r.probe and 0 in r.probe]
+        if starts:
+            rows.append((f"version 0 (m = {ARMS[arm][0]})", starts[:1]))
+    for arm, results in runs.items():
+        last = [r.probe[max(r.probe)] for r in results if r.probe and max(r.probe) > 0]
+        if last:
+            rows.append((f"{ARM_TITLES[arm]}: last version", last))
+    if not rows:
+        return []
+    ks = [k for k in BEST_AT_SHOWN if k <= min(len(p["best_at"]) for _, ps in rows for p in ps)]
+    lines = [
+        "",
+        f"On one fixed prompt (the campaign's first: the seed as parent, no drafts), {PROBE_SLOTS}"
+        " candidate slots per version (10 completions x m = 3, or 30 x 1), sampling seed fixed;"
+        " a slot that did not parse or whose program failed scores 0; best@k: the expected best"
+        " mean score among k slots drawn from the pool (benchmarks/probe.py):",
+        "",
+        "| version | steps | parse rate | valid slots | mean score | set score | pool diversity | "
+        + " | ".join(f"best@{k}" for k in ks)
+        + " |",
+        "|---|" + "---:|" * (6 + len(ks)),
+    ]
+    for title, probes in rows:
+        cells = [
+            spread([p["step"] for p in probes], 0),
+            spread([p["parse_rate"] for p in probes], 2),
+            spread([p["valid"] for p in probes], 0),
+            spread([p["mean_score"] for p in probes], 4),
+            spread([p["set_score"] for p in probes], 4),
+            spread([np.nan if p["diversity"] is None else p["diversity"] for p in probes], 3),
+            *(spread([p["best_at"][k - 1] for p in probes], 4) for k in ks),
+        ]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
@@ -458,6 +553,13 @@ def main() -> None:
     parser.add_argument(
         "--micro-batch", type=int, default=8, help="rollouts per forward/backward of a step"
     )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="probe version 0 and each trained run's last version on the first prompt "
+        f"({PROBE_SLOTS} candidate slots: benchmarks/probe.py)",
+    )
+    parser.add_argument("--probe-seed", type=int, default=0, help="the probes' sampling seed")
     parser.add_argument("--keep", type=Path, help="keep each run's database and log here")
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")
@@ -506,10 +608,18 @@ def main() -> None:
         if there:
             # A run on an existing database would resume it, not start afresh on the clock.
             raise SystemExit(f"already there: {', '.join(there)}; remove or --keep elsewhere")
+        unprobed = {m for m, _ in ARMS.values()}  # version 0 is probed once per m
         for n, (arm, seed) in enumerate(plan, 1):
             label = f"[{n}/{len(plan)} {arm} seed {seed}]"
             print(f"{label} starting", file=sys.stderr, flush=True)
-            result = run(arm, seed, args, folder, label)
+            m, advantage = ARMS[arm]
+            versions = []
+            if args.probe and m in unprobed:
+                versions.append("0")
+                unprobed.discard(m)
+            if args.probe and advantage is not None:
+                versions.append("last")
+            result = run(arm, seed, args, folder, label, ",".join(versions))
             runs[arm].append(result)
             named = zip(result.objectives, result.best, strict=True)
             best = " ".join(f"{name} {value:.3f}" for name, value in named)

@@ -2,7 +2,7 @@
 against trained versions, on the same prompt with the same seed.
 
     python benchmarks/probe.py --db runs/demo.db [--versions 0,last] [--completions 10]
-        [--seed 0] [--out FILE.md]
+        [--seed 0] [--out FILE.md] [--json FILE.json]
 
 The prompt is the campaign's first: its seed program as the parent, no drafts (what its first
 iteration showed). Each version samples `--completions` completions at the campaign's
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import sys
@@ -109,11 +110,18 @@ def main() -> None:
     parser.add_argument("--completions", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0, help="the sampling seed")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/probe.md")
+    parser.add_argument("--json", type=Path, help="also write each version's measures here")
     args = parser.parse_args()
     if args.completions < 1:
         parser.error("--completions must be >= 1")
     record, config, rows = probe(args.db, args.versions, args.completions, args.seed, args.name)
     write(args, record, config, rows)
+    if args.json:
+        plain = [
+            {"step": step, **{k: np.asarray(v).tolist() for k, v in m.items()}}
+            for step, m in rows
+        ]
+        args.json.write_text(json.dumps(plain))
 
 
 def probe(

@@ -89,7 +89,7 @@ def test_the_hypervolume_leaves_out_objectives_no_program_scored_on() -> None:
         values = np.array(scores, dtype=np.float64)
         return discovery.RunResult(
             "none", 0, ["fit_id", "fit_ood", "simplicity"], 1.0, 0, 0, 0, 0.0,
-            np.zeros(len(values), dtype=np.int64), values, 0.0, 0.0, 0.0, 0.0,
+            np.zeros(len(values), dtype=np.int64), values, 0.0, 0.0, 0.0, 0.0, 8, 6,
         )  # fmt: skip
 
     runs = {"none": [result([[0.2, 0.1, 0.0]])], "vpo": [result([[0.1, 0.3, 0.0]])]}
@@ -98,6 +98,33 @@ def test_the_hypervolume_leaves_out_objectives_no_program_scored_on() -> None:
     assert runs["none"][0].hypervolume([0, 1, 2]) == 0.0
     nothing = {"none": [result([[0.0, 0.0, 0.0]])]}
     assert discovery.live_objectives(nothing) == [0, 1, 2]
+    assert runs["none"][0].trained_share == 0.75
+
+
+def test_the_probe_table_sets_version_zero_beside_each_arms_last_version() -> None:
+    def measured(step: int, best: float) -> dict:
+        return {"step": step, "parse_rate": 0.5, "valid": 12, "mean_score": best / 4,
+                "set_score": best / 2, "diversity": None if step else 0.1,
+                "best_at": list(np.linspace(best / 10, best, 30))}  # fmt: skip
+
+    def result(arm: str, probe: dict | None) -> object:
+        values = np.zeros((1, 2))
+        return discovery.RunResult(
+            arm, 0, ["a", "b"], 1.0, 0, 0, 0, 0.0, np.zeros(1, dtype=np.int64), values,
+            0.0, 0.0, 0.0, 0.0, 8, 6, probe,
+        )  # fmt: skip
+
+    runs = {
+        "none": [result("none", {0: measured(0, 0.2)})],
+        "vpo": [result("vpo", {40: measured(40, 0.4)}), result("vpo", {41: measured(41, 0.6)})],
+    }
+    rows = [line for line in discovery.probe_table(runs) if line.startswith("| ")]
+    assert rows[1].startswith("| version 0 (m = 3) | 0 | 0.50 | 12 |")
+    last = rows[2].split(" | ")
+    assert last[0] == "| VPO in the loop (m = 3): last version" and last[1] == "40 [40, 41]"
+    assert rows[2].endswith("| 0.5000 [0.4000, 0.6000] |")  # best@30: the pools' best
+    assert last[6] == "-"  # no diversity measured
+    assert discovery.probe_table({"none": [result("none", None)]}) == []
 
 
 def _load(name: str) -> object:
