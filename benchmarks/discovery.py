@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
 
 from harness.measures import front_points as pareto_front  # noqa: E402,F401
@@ -225,7 +226,7 @@ def run(
         raise SystemExit(f"{label} failed (exit {returncode}): " + " / ".join(tail))
     if probe:
         print(f"{label} probing version(s) {probe}", file=sys.stderr, flush=True)
-        probe_run(db, probe, db.with_suffix(".probe.json"), args.probe_seed)
+        probe_run(db, probe, args.probe_seed)
     return read_run(arm, seed, db, wall)
 
 
@@ -300,24 +301,16 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
 PROBE_SLOTS = 30  # the VPO paper's pool: 10 completions x m = 3, or 30 x 1
 
 
-def probe_run(db: Path, versions: str, out: Path, seed: int) -> None:
-    """Probe `versions` of the run in `db` into `out` (JSON); a failed probe stops the benchmark
-    with its last line."""
+def probe_run(db: Path, versions: str, seed: int) -> None:
+    """Probe `versions` of the run in `db`: 30 slots (30 // m completions), a table and JSON
+    beside the database."""
     from harness.config import build
     from harness.store import Store
 
     with Store.open(str(db), read_only=True) as store:
         (campaign,) = store.campaigns()
         m = build(campaign.config).candidates
-    command = [
-        sys.executable, str(ROOT / "benchmarks" / "probe.py"), "--db", str(db),
-        "--versions", versions, "--completions", str(PROBE_SLOTS // m), "--seed", str(seed),
-        "--out", str(out.with_suffix(".md")), "--json", str(out),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
-        raise SystemExit(f"probe of {db.name} failed: {(lines or ['no output'])[-1]}")
+    probe_apart(db, versions, PROBE_SLOTS // m, seed, db.with_suffix(".probe.md"))
 
 
 def read_probe(path: Path) -> dict | None:

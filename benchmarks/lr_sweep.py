@@ -32,8 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from probe import probe  # noqa: E402
+from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
+
+
+def campaign_config(db: Path) -> Any:
+    from harness.config import build
+    from harness.store import Store
+
+    with Store.open(str(db), read_only=True) as store:
+        (campaign,) = store.campaigns()
+        return build(campaign.config)
 
 
 def trained_share(db: Path) -> tuple[int, int, int]:
@@ -89,16 +98,17 @@ def main() -> None:
             )
         steps, trained, rollouts = trained_share(db)
         versions = "last" if start_row is not None else "0,last"
-        _, config, rows = probe(str(db), versions, args.completions, args.seed)
+        # Each probe in a process of its own: two engines in this one ran out of memory.
+        rows = probe_apart(db, versions, args.completions, args.seed, db.with_suffix(".probe.md"))
         if start_row is None:
-            start_row = rows[0][1]
+            start_row = rows[0]
         results.append(
             {"lr": rate, "wall": wall, "steps": steps, "trained": trained,
-             "rollouts": rollouts, "step": rows[-1][0], "probe": rows[-1][1]}
+             "rollouts": rollouts, "step": rows[-1]["step"], "probe": rows[-1]}
         )  # fmt: skip
-        print(f"lr {rate:g}: {wall:.0f} s, {steps} steps, probe {rows[-1][1]}", flush=True)
+        print(f"lr {rate:g}: {wall:.0f} s, {steps} steps, probe {rows[-1]}", flush=True)
     assert start_row is not None
-    write(args, config, start_row, results)
+    write(args, campaign_config(folder / f"lr-{rates[0]:g}.db"), start_row, results)
 
 
 def write(

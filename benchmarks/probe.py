@@ -102,6 +102,26 @@ def score(texts: list[str], campaign: Any, seed_code: str) -> dict[str, Any]:
     }
 
 
+def probe_apart(
+    db: Path, versions: str, completions: int, seed: int, out: Path
+) -> list[dict[str, Any]]:
+    """`probe` in a process of its own (an engine in the caller's would hold a second model's
+    memory), its table at `out` and its rows as JSON beside it: each row a version's measures
+    with its "step". A failed probe stops the caller with its last line."""
+    import subprocess
+
+    command = [
+        sys.executable, str(Path(__file__).resolve()), "--db", str(db), "--versions", versions,
+        "--completions", str(completions), "--seed", str(seed), "--out", str(out),
+        "--json", str(out.with_suffix(".json")),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise SystemExit(f"probe of {db.name} failed: {(lines or ['no output'])[-1]}")
+    return json.loads(out.with_suffix(".json").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", required=True, help="the campaign's database")
