@@ -122,6 +122,7 @@ class RunResult:
     tokens: int
     iterations: int
     steps: int
+    moved: int  # steps that trained some rollout (a step whose advantages were all 0 did not)
     train_s: float
     program_tokens: np.ndarray  # (n,) tokens generated when each valid program was stored
     program_scores: np.ndarray  # (n, d) the valid programs' score vectors
@@ -130,7 +131,9 @@ class RunResult:
     parse_first_half: float
     parse_second_half: float
     rollouts: int
-    trained_rollouts: int  # sampled by a trained version (step > 0)
+    # Sampled by weights a step has changed: a version from the first step that trained some
+    # rollout on (a step whose advantages were all 0 publishes the weights it was given).
+    trained_rollouts: int
     probe: dict | None = None  # what the last version samples on the first prompt (probe.py)
 
     @property
@@ -273,6 +276,8 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         measures = store.iteration_measures(campaign_id)
         policies = store.policies(campaign_id)
         versions = store.version_measures(campaign_id, objectives)
+    moved = sorted(p.step for p in policies if int(p.metrics.get("trained", 0)) > 0)
+    changed = moved[0] if moved else float("inf")
     rates = [m.parse_rate for m in measures if m.parse_rate is not None]
     half = len(rates) // 2
     return RunResult(
@@ -283,6 +288,7 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         tokens=summary.tokens,
         iterations=summary.groups,
         steps=summary.policy_versions,
+        moved=len(moved),
         train_s=sum(float(p.metrics.get("seconds", 0.0)) for p in policies),
         program_tokens=np.array(tokens, dtype=np.int64),
         program_scores=np.array(scores, dtype=np.float64).reshape(len(scores), len(objectives)),
@@ -291,7 +297,7 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         parse_first_half=mean_of(rates[:half]),
         parse_second_half=mean_of(rates[half:]),
         rollouts=sum(row.rollouts for row in versions),
-        trained_rollouts=sum(row.rollouts for row in versions if row.step > 0),
+        trained_rollouts=sum(row.rollouts for row in versions if row.step >= changed),
         probe=read_probe(db.with_suffix(".probe.json")),
     )
 
@@ -366,7 +372,10 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         "programs' score vectors above the reference point 0, over the objectives some "
         "program scored on; diversity and parse rate: "
         "means over the run's iterations (a GRPO group has G candidate slots, the others "
-        "G x 3; a rollout of m = 1 parses when its one candidate does); values: mean [min, "
+        "G x 3; a rollout of m = 1 parses when its one candidate does); a training step "
+        "whose advantages were all 0 (every rollout scored alike) trains nothing and "
+        "publishes the weights it was given: 'sampled by trained weights' counts the "
+        "rollouts of versions from the first step that moved them; values: mean [min, "
         "max] over seeds",
         f"- plot: {args.plot.name} (best per objective and hypervolume against tokens generated)",
         "",
@@ -379,7 +388,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| arm | tokens | iterations | training steps | training s | pool diversity | "
+        "| arm | tokens | iterations | training steps (that moved the weights) | training s | "
+        "pool diversity | "
         "parse rate | parse rate, 1st half -> 2nd half | sampled by trained weights | "
         "tok/s over the wall |",
         "|---|" + "---:|" * 9,
@@ -390,7 +400,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         cells = [
             spread([r.tokens for r in results], 0),
             spread([r.iterations for r in results], 0),
-            spread([r.steps for r in results], 0),
+            f"{spread([r.steps for r in results], 0)} "
+            f"({spread([r.moved for r in results], 0)})",
             spread([r.train_s for r in results], 0),
             spread([r.diversity for r in results]),
             spread([r.parse_rate for r in results], 2),

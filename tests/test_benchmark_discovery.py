@@ -88,7 +88,7 @@ def test_the_hypervolume_leaves_out_objectives_no_program_scored_on() -> None:
     def result(scores: list[list[float]]) -> object:
         values = np.array(scores, dtype=np.float64)
         return discovery.RunResult(
-            "none", 0, ["fit_id", "fit_ood", "simplicity"], 1.0, 0, 0, 0, 0.0,
+            "none", 0, ["fit_id", "fit_ood", "simplicity"], 1.0, 0, 0, 0, 0, 0.0,
             np.zeros(len(values), dtype=np.int64), values, 0.0, 0.0, 0.0, 0.0, 8, 6,
         )  # fmt: skip
 
@@ -110,7 +110,7 @@ def test_the_probe_table_sets_version_zero_beside_each_arms_last_version() -> No
     def result(arm: str, probe: dict | None) -> object:
         values = np.zeros((1, 2))
         return discovery.RunResult(
-            arm, 0, ["a", "b"], 1.0, 0, 0, 0, 0.0, np.zeros(1, dtype=np.int64), values,
+            arm, 0, ["a", "b"], 1.0, 0, 0, 0, 0, 0.0, np.zeros(1, dtype=np.int64), values,
             0.0, 0.0, 0.0, 0.0, 8, 6, probe,
         )  # fmt: skip
 
