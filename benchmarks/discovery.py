@@ -183,7 +183,10 @@ def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list
     if advantage is not None:
         # `micro_batch` has no flag: it goes in a config file beside the database.
         config = db.with_suffix(".toml")
-        config.write_text(f"[training]\nmicro_batch = {args.micro_batch}\n")
+        config.write_text(
+            f"[training]\nmicro_batch = {args.micro_batch}\n"
+            f'format_reward = "{args.format_reward}"\n'
+        )
         command += [
             "--config", str(config), "--train-every", str(args.train_every),
             "--advantage", advantage, "--lora", "--lora-rank", str(args.lora_rank),
@@ -362,7 +365,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         f"{args.max_tokens}, temperature {args.temperature}, token budget "
         f"{args.token_budget} per run (a run ends at most one batch past it), iterations "
         f"capped at {args.iterations}; the trained arms: a LoRA step (rank {args.lora_rank}, "
-        f"lr {args.lr:g}, micro-batch {args.micro_batch}) after every {args.train_every} new "
+        f"lr {args.lr:g}, micro-batch {args.micro_batch}, format reward {args.format_reward}) "
+        f"after every {args.train_every} new "
         "group"
         f"{'s' if args.train_every > 1 else ''}; seeds "
         f"{', '.join(map(str, args.seeds))}",
@@ -400,8 +404,7 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         cells = [
             spread([r.tokens for r in results], 0),
             spread([r.iterations for r in results], 0),
-            f"{spread([r.steps for r in results], 0)} "
-            f"({spread([r.moved for r in results], 0)})",
+            f"{spread([r.steps for r in results], 0)} ({spread([r.moved for r in results], 0)})",
             spread([r.train_s for r in results], 0),
             spread([r.diversity for r in results]),
             spread([r.parse_rate for r in results], 2),
@@ -564,6 +567,12 @@ def main() -> None:
         f"({PROBE_SLOTS} candidate slots: benchmarks/probe.py)",
     )
     parser.add_argument("--probe-seed", type=int, default=0, help="the probes' sampling seed")
+    parser.add_argument(
+        "--format-reward",
+        choices=("partial", "whole"),
+        default="partial",
+        help="the trained arms' reward of a rollout whose m candidates did not all parse",
+    )
     parser.add_argument("--keep", type=Path, help="keep each run's database and log here")
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")

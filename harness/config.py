@@ -31,6 +31,7 @@ FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
 ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
+FORMAT_REWARDS = ("partial", "whole")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 SWITCHES = ("auto", "on", "off")
@@ -108,6 +109,11 @@ class TrainSettings:
     # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
     # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
     duplicate_reward: str = "zero"
+    # A rollout whose m candidates did not all parse: "partial" (its parsed candidates score, as
+    # in the VPO paper) or "whole" (it scores nothing: a set reward takes the best candidate's
+    # score, so "partial" pays a rollout of one good candidate what it pays one of m, and the
+    # format can drift; benchmarks/results/discovery.md).
+    format_reward: str = "partial"
     # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
     # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
     skip_zero_advantage: bool = True
@@ -256,6 +262,12 @@ class CampaignConfig:
         "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
         group=TRAINING,
     )
+    format_reward: str = setting(
+        TrainSettings.format_reward,
+        "reward of a rollout whose m candidates did not all parse: partial (its parsed ones "
+        "score) or whole (nothing) ({default})",
+        group=TRAINING,
+    )
     old_logprobs: str = setting(
         TrainSettings.old_logprobs,
         "the PPO ratio's old log-probs: auto, sampler or recompute ({default})",
@@ -344,6 +356,7 @@ class CampaignConfig:
             "duplicate_reward",
             " or ".join(DUPLICATE_REWARDS),
         )
+        _require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
         _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         _require(
             self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
@@ -411,6 +424,7 @@ class CampaignConfig:
             sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
             seed=self.seed,
             duplicate_reward=self.duplicate_reward,
+            format_reward=self.format_reward,
             skip_zero_advantage=self.skip_zero_advantage,
             shared_prompt=self.shared_prompt,
             gradient_checkpointing=self.gradient_checkpointing,

@@ -150,6 +150,7 @@ class CampaignTrainer:
     name: str  # the campaign's, for naming adapters on a server
     version_id: int | None = None
     duplicate_reward: str = "zero"  # see TrainSettings
+    format_reward: str = "partial"  # see TrainSettings
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
@@ -201,6 +202,7 @@ def start_trainer(
         name=campaign_name,
         version_id=None if latest is None else latest.id,
         duplicate_reward=config.duplicate_reward,
+        format_reward=config.format_reward,
         keep_versions=config.keep_versions,
     )
 
@@ -297,7 +299,13 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
     if stored is None:
         return None
     groups = [
-        to_group(g, trainer.objectives, trainer.candidates, trainer.duplicate_reward)
+        to_group(
+            g,
+            trainer.objectives,
+            trainer.candidates,
+            trainer.duplicate_reward,
+            format_reward=trainer.format_reward,
+        )
         for g in stored
     ]
     groups = [g for g in groups if g is not None][parallel.rank :: parallel.world]
@@ -450,7 +458,14 @@ def train_offline(
     groups = [
         g
         for g in (
-            to_group(t, objectives, candidates, settings.training.duplicate_reward, versions=False)
+            to_group(
+                t,
+                objectives,
+                candidates,
+                settings.training.duplicate_reward,
+                versions=False,
+                format_reward=settings.training.format_reward,
+            )
             for t in store.training_groups(campaign_id)
         )
         if g is not None
@@ -507,13 +522,16 @@ def to_group(
     duplicate_reward: str = "zero",
     *,
     versions: bool = True,
+    format_reward: str = "partial",
 ) -> Group | None:
     """The (G, m, d) score matrix and mask of a stored group; slots without a program are
     masked out, so they never enter the max (a failed program's zeros are kept: per-objective
     partial credit is part of the vector reward). With `duplicate_reward` "zero", a lazy
     candidate (its parent or a stored program repeated) scores zeros; its stored evaluation is
-    untouched. `versions` off: the trained policy's steps are not the campaign's policy versions
-    (offline training starts a model of its own), so the rollouts' versions are left out."""
+    untouched. With `format_reward` "whole", a rollout whose m candidates did not all parse has
+    every slot masked out: it scores nothing. `versions` off: the trained policy's steps are not
+    the campaign's policy versions (offline training starts a model of its own), so the
+    rollouts' versions are left out."""
     from trainer.train import Group, Rollout
 
     if not stored.rollouts:
@@ -521,7 +539,10 @@ def to_group(
     scores = np.zeros((len(stored.rollouts), candidates, len(objectives)))
     mask = np.zeros((len(stored.rollouts), candidates), dtype=bool)
     for i, rollout in enumerate(stored.rollouts):
-        for j, slot in enumerate(rollout.candidates[:candidates]):
+        slots = rollout.candidates[:candidates]
+        if format_reward == "whole" and (len(slots) < candidates or None in slots):
+            continue
+        for j, slot in enumerate(slots):
             if slot is None:
                 continue
             mask[i, j] = True

@@ -282,3 +282,33 @@ def test_rw_grpo_is_grpo_on_one_random_weighting_per_group() -> None:
     assert torch.equal(drawn, again) and torch.equal(first, second)
     with pytest.raises(ValueError, match=r"weights must be \(B=2, d=2\)"):
         rw_grpo_advantages(scores, mask, weights=torch.ones(3, 2))
+
+
+def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_format_reward() -> None:
+    """VPO's set reward takes the best candidate's score, so with partial credit a rollout of one
+    good candidate earns what a rollout of m does; "whole" pays only rollouts whose m parsed."""
+    from harness.config import build
+    from harness.errors import UserError
+    from harness.records import TrainingGroup, TrainingRollout
+    from harness.training import to_group
+    from trainer.train import TrainConfig, compute_advantages
+
+    good, fair = {"a": 0.9, "b": 0.8}, {"a": 0.2, "b": 0.1}
+    rollouts = tuple(
+        TrainingRollout((1, 2), (3,), None, slots)
+        for slots in ((good, None, None), (fair, fair, fair), (None, None, None), (fair, good))
+    )
+    group = TrainingGroup(1, 1, rollouts)
+    partial = to_group(group, ["a", "b"], 3)
+    whole = to_group(group, ["a", "b"], 3, format_reward="whole")
+    assert partial is not None and whole is not None
+    assert partial.mask.sum(axis=1).tolist() == [1, 3, 0, 2]
+    assert whole.mask.sum(axis=1).tolist() == [0, 3, 0, 0] and whole.scores[0].sum() == 0
+    vpo = TrainConfig(advantage="vpo")
+    by_partial = compute_advantages([partial], vpo).per_rollout
+    by_whole = compute_advantages([whole], vpo).per_rollout
+    assert by_partial[0] > by_partial[1]  # one good candidate beats three fair ones
+    assert by_whole[1] > 0 > by_whole[0]  # the only whole rollout is the one rewarded
+    assert build({"format_reward": "whole"}).training().format_reward == "whole"
+    with pytest.raises(UserError, match="format_reward"):
+        build({"format_reward": "strict"})
