@@ -24,6 +24,7 @@ attention layer, also when a checkpointed layer is recomputed) it takes the path
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -97,15 +98,17 @@ def prefix_shared_attention(
             continue
         # The rest of the row (completions, then padding) against every key of the row, under
         # a mask of (L - P) x L: a completion sees the prompt and its own earlier tokens.
-        mask = _rest_mask(prompt, spans, q.shape[2], q.device)
+        mask = _rest_mask(prompt, tuple(spans), q.shape[2], str(q.device))
         tail = _attend(q[:, :, prompt:], k, v, mask, dropout, scaling)
         outputs.append(torch.cat([head, tail], dim=2))
     return torch.cat(outputs).transpose(1, 2).contiguous(), None
 
 
-def _rest_mask(prompt: int, spans: list[tuple[int, int]], width: int, device: Any) -> Tensor:
+@functools.lru_cache(maxsize=32)
+def _rest_mask(prompt: int, spans: tuple[tuple[int, int], ...], width: int, device: str) -> Tensor:
     """Who the rows after the prompt see: the prompt, and their own completion's earlier tokens;
-    padding sees the prompt only (its output is dropped, and no row is all -inf)."""
+    padding sees the prompt only (its output is dropped, and no row is all -inf). Built once
+    per row shape, not once per layer (every layer of a forward asks for the same masks)."""
     segment = torch.zeros(width, dtype=torch.long)
     for j, (start, end) in enumerate(spans, start=1):
         segment[start:end] = j
