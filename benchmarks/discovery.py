@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import signal
@@ -148,6 +149,24 @@ class RunResult:
     def tokens_per_s(self) -> float:
         return self.tokens / self.wall_s
 
+    def save(self, path: Path) -> None:
+        """Everything the report needs from this run, as JSON: a few kB that can be committed,
+        so that seeds run in different sessions make one report (`--report-from`)."""
+        fields = dict(vars(self))
+        fields["program_tokens"] = self.program_tokens.tolist()
+        fields["program_scores"] = self.program_scores.tolist()
+        path.write_text(json.dumps(fields, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> RunResult:
+        fields = json.loads(path.read_text())
+        fields["program_tokens"] = np.array(fields["program_tokens"], dtype=np.int64)
+        scores = np.array(fields["program_scores"], dtype=np.float64)
+        fields["program_scores"] = scores.reshape(len(scores), len(fields["objectives"]))
+        if fields.get("probe") is not None:  # JSON keys are strings; the steps are ints
+            fields["probe"] = {int(step): row for step, row in fields["probe"].items()}
+        return cls(**fields)
+
     @property
     def trained_share(self) -> float:
         return self.trained_rollouts / self.rollouts if self.rollouts else float("nan")
@@ -155,6 +174,10 @@ class RunResult:
 
 def database(folder: Path, arm: str, seed: int) -> Path:
     return folder / f"{arm}-seed{seed}.db"
+
+
+def summary_path(db: Path) -> Path:
+    return db.with_suffix(".run.json")
 
 
 def live_objectives(runs: dict[str, list[RunResult]]) -> list[int]:
@@ -233,7 +256,9 @@ def run(
     if probe:
         print(f"{label} probing version(s) {probe}", file=sys.stderr, flush=True)
         probe_run(db, probe, args.probe_seed)
-    return read_run(arm, seed, db, wall)
+    result = read_run(arm, seed, db, wall)
+    result.save(summary_path(db))
+    return result
 
 
 def stop(process: subprocess.Popen[str]) -> None:
@@ -320,6 +345,20 @@ def probe_run(db: Path, versions: str, seed: int) -> None:
         (campaign,) = store.campaigns()
         m = build(campaign.config).candidates
     probe_apart(db, versions, PROBE_SLOTS // m, seed, db.with_suffix(".probe.md"))
+
+
+def kept_run(arm: str, seed: int, folder: Path) -> RunResult:
+    """A run that a --keep run left in `folder`: its summary, or else its database (then the
+    summary is written beside it)."""
+    db = database(folder, arm, seed)
+    if summary_path(db).exists():
+        return RunResult.load(summary_path(db))
+    wall = db.with_suffix(".wall")
+    if not db.exists() or not wall.exists():
+        raise SystemExit(f"{summary_path(db)} or {db.name} is missing: was it kept by a run?")
+    result = read_run(arm, seed, db, float(wall.read_text()))
+    result.save(summary_path(db))
+    return result
 
 
 def read_probe(path: Path) -> dict | None:
@@ -573,14 +612,17 @@ def main() -> None:
         default="partial",
         help="the trained arms' reward of a rollout whose m candidates did not all parse",
     )
-    parser.add_argument("--keep", type=Path, help="keep each run's database and log here")
+    parser.add_argument(
+        "--keep", type=Path, help="keep each run's database, log and summary (.run.json) here"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")
     parser.add_argument(
         "--report-from",
         type=Path,
-        help="write the table and plot from the databases a --keep run left here (run nothing; "
-        "the same settings flags, for the report's header)",
+        help="write the table and plot from what --keep runs left here: each run's summary "
+        "(ARM-seedN.run.json, a few kB: seeds run apart can be gathered in one folder) or its "
+        "database; run nothing (the same settings flags, for the report's header)",
     )
     args = parser.parse_args()
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
@@ -598,11 +640,7 @@ def main() -> None:
     if args.report_from:
         runs = {arm: [] for arm in arms}
         for arm, seed in plan:
-            db = database(args.report_from, arm, seed)
-            wall = db.with_suffix(".wall")
-            if not db.exists() or not wall.exists():
-                raise SystemExit(f"{db} or {wall.name} is missing: was it kept by a whole run?")
-            runs[arm].append(read_run(arm, seed, db, float(wall.read_text())))
+            runs[arm].append(kept_run(arm, seed, args.report_from))
         seconds = sum(r.wall_s for results in runs.values() for r in results)
         plot(args, runs)
         publish(args.out, report(args, runs, seconds))
