@@ -66,7 +66,7 @@ class Progress:
     skipped: int = 0  # iterations that produced nothing (see harness.generation)
     rollouts: int = 0
     parsed: int = 0  # rollouts whose m candidates all parsed
-    trained: int = 0  # rollouts a trained policy version sampled
+    trained: int = 0  # rollouts sampled by weights a step changed
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step that made a policy version, as a line
@@ -476,7 +476,8 @@ def store_iteration(
     progress.evaluations += len(evaluations)
     progress.rollouts += len(rollouts)
     progress.parsed += sum(r.parse_status == "ok" for r in rollouts)
-    if sampled.policy_version_id is not None:
+    changed = campaign.trainer.changed_from if campaign.trainer else None
+    if changed is not None and (sampled.policy_version_id or 0) >= changed:
         progress.trained += len(rollouts)
     for evaluation in evaluations.values():
         if evaluation.status == "ok":

@@ -149,6 +149,9 @@ class CampaignTrainer:
     folder: Path
     name: str  # the campaign's, for naming adapters on a server
     version_id: int | None = None
+    # The first version whose weights differ from the starting ones (its step trained some
+    # rollout): the rollouts it and later versions sample count as sampled by trained weights.
+    changed_from: int | None = None
     duplicate_reward: str = "zero"  # see TrainSettings
     format_reward: str = "partial"  # see TrainSettings
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
@@ -181,6 +184,7 @@ def start_trainer(
     if not config.train_every:
         return None
     latest = store.latest_policy(campaign_id)
+    changed = store.first_changed_policy(campaign_id)
     policy, step = load_policy(
         config.training(), resume=None if latest is None else latest.path, parallel=parallel
     )
@@ -201,6 +205,7 @@ def start_trainer(
         folder=policy_folder(config, store, campaign_name),
         name=campaign_name,
         version_id=None if latest is None else latest.id,
+        changed_from=None if changed is None else changed.id,
         duplicate_reward=config.duplicate_reward,
         format_reward=config.format_reward,
         keep_versions=config.keep_versions,
@@ -337,6 +342,8 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
             group_ids=[g.id for g in stored],
         )
     trainer.version_id = parallel.broadcast(trainer.version_id)
+    if metrics.trained and trainer.changed_from is None:
+        trainer.changed_from = trainer.version_id
     if generator is None or metrics.trained or not generator.in_process:
         # A step that trained nothing left the weights as an in-process engine holds them: no
         # reload. (A server gets each version under its name, which workers look up.)

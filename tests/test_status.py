@@ -13,7 +13,7 @@ from sqlalchemy import update
 
 from harness import status
 from harness.cli import main
-from harness.db import Campaign, Event, RolloutGroup
+from harness.db import Campaign, Event, PolicyVersion, RolloutGroup
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store import Store
 
@@ -234,3 +234,39 @@ def test_what_each_policy_version_sampled(campaign_db: str, capsys: pytest.Captu
     printed = capsys.readouterr().out
     assert "2 of 5 rollouts (40%)" in printed
     assert "what each policy version sampled" in printed
+
+
+def test_a_version_whose_step_trained_nothing_holds_the_starting_weights(
+    campaign_db: str, capsys: pytest.CaptureFixture
+) -> None:
+    """Step 1's advantages were all 0 (it trained 0 rollouts), step 2 trained 4: the groups
+    version 1 sampled came from the starting weights, those of version 2 from changed ones."""
+    with Store.open(campaign_db) as store:
+        (campaign,) = store.campaigns()
+        first, second = store.policies(campaign.id)
+        with store.engine.begin() as connection:
+            connection.execute(
+                update(PolicyVersion)
+                .where(PolicyVersion.id == first.id)
+                .values(metrics={**first.metrics, "trained": 0})
+            )
+            connection.execute(
+                update(PolicyVersion)
+                .where(PolicyVersion.id == second.id)
+                .values(metrics={**second.metrics, "trained": 4})
+            )
+            for version, iterations in ((first, (1, 2)), (second, (3,))):
+                connection.execute(
+                    update(RolloutGroup)
+                    .where(RolloutGroup.iteration.in_(iterations))
+                    .values(policy_version_id=version.id)
+                )
+        assert store.first_changed_policy(campaign.id).id == second.id
+        versions = status.report(store, campaign)["versions"]
+    assert [(row["step"], row["changed"], row["rollouts"]) for row in versions] == [
+        (0, False, 2),
+        (1, False, 2),
+        (2, True, 1),
+    ]
+    assert main(["status", "--db", campaign_db]) == 0
+    assert "1 of 5 rollouts (20%)" in capsys.readouterr().out

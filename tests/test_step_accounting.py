@@ -317,3 +317,28 @@ def test_a_database_at_revision_0001_gains_the_column(db_url: str) -> None:
         assert store.skipped_steps(campaign_id) == [
             {"grad_norm": None, "step": 1, "skipped": "test"}
         ]
+
+
+def test_rollouts_of_versions_whose_steps_trained_nothing_are_not_counted_as_trained(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """The random tiny model writes nothing that parses: every reward is 0, so each step
+    trains no rollout and records a version holding the starting weights. Neither the progress
+    line nor the per-version table counts the rollouts those versions sampled as sampled by
+    trained weights."""
+    seen: list[Progress] = []
+    with Store.open(tmp_path / "c.db") as store:
+        campaign_id = run_campaign(
+            build(settings(tiny_model, iterations=3, train_every=1)),
+            store,
+            CirclePacking(),
+            on_progress=lambda _, progress: seen.append(progress),
+        )
+        policies = store.policies(campaign_id)
+        assert [p.step for p in policies] == [1, 2, 3]
+        assert [p.metrics["trained"] for p in policies] == [0, 0, 0]
+        assert store.first_changed_policy(campaign_id) is None
+        rows = store.version_measures(campaign_id, ["packing"])
+    assert [(row.step, row.changed) for row in rows] == [(0, False), (1, False), (2, False)]
+    assert seen[-1].rollouts == 6 and seen[-1].trained == 0
+    assert "by trained weights 0/6" in seen[-1].line(3, 3)

@@ -164,9 +164,10 @@ def print_versions(versions: list[dict[str, Any]], objectives: Sequence[str]) ->
 
 
 def trained_share(versions: list[dict[str, Any]]) -> str:
-    """`12 of 16 rollouts (75%)`: those sampled by a trained version."""
+    """`12 of 16 rollouts (75%)`: those sampled by weights a step changed (a version of a step
+    that trained nothing holds the starting weights)."""
     rollouts = sum(row["rollouts"] for row in versions)
-    trained = sum(row["rollouts"] for row in versions if row["step"] > 0)
+    trained = sum(row["rollouts"] for row in versions if row["changed"])
     share = f" ({trained / rollouts:.0%})" if rollouts else ""
     return f"{trained} of {rollouts} rollouts{share}"
 

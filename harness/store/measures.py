@@ -21,6 +21,7 @@ from harness.measures import parse_rate, pool_diversity
 from harness.records import IterationMeasures
 from harness.store.opening import Database
 from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
+from harness.store.training import moved_weights
 
 # A rollout's parse status and the program of each of its candidate slots (None: unparsed).
 Rollout = tuple[str, Sequence[int | None]]
@@ -67,14 +68,18 @@ class Measures(Database):
     def version_measures(self, campaign_id: int, objectives: Sequence[str]) -> list[VersionRow]:
         """What each policy version sampled, oldest first (step 0: the weights the campaign
         started from): its groups and rollouts, the mean parse rate and pool diversity of its
-        groups, and the best score per objective among the programs its candidates wrote."""
+        groups, the best score per objective among the programs its candidates wrote, and
+        whether its weights differ from the starting ones (`changed`: from the first step that
+        trained some rollout on)."""
         measures = {m.group_id: m for m in self.iteration_measures(campaign_id)}
         with self._reading() as connection:
-            steps = dict(
-                connection.execute(
-                    select(POLICY.c.id, POLICY.c.step).where(POLICY.c.campaign_id == campaign_id)
-                ).all()
-            )
+            policies = connection.execute(
+                select(POLICY.c.id, POLICY.c.step, POLICY.c.metrics).where(
+                    POLICY.c.campaign_id == campaign_id
+                )
+            ).all()
+            steps = {policy.id: policy.step for policy in policies}
+            first = min((p.step for p in policies if moved_weights(p.metrics)), default=None)
             version_of = {
                 group_id: steps.get(version_id, 0)
                 for group_id, version_id in connection.execute(
@@ -99,7 +104,7 @@ class Measures(Database):
                 scores.setdefault(program_id, {})[objective] = value
         rows: dict[int, VersionRow] = {}
         for group_id, step in sorted(version_of.items()):
-            row = rows.setdefault(step, VersionRow(step))
+            row = rows.setdefault(step, VersionRow(step, first is not None and step >= first))
             row.groups += 1
             row.rollouts += len(rollouts.get(group_id, ()))
             measured = measures.get(group_id)
@@ -168,6 +173,7 @@ class VersionRow:
     """What one policy version sampled (`Measures.version_measures`)."""
 
     step: int  # 0: the weights the campaign started from
+    changed: bool = False  # its weights differ from the starting ones (a step trained something)
     groups: int = 0
     rollouts: int = 0
     parse_rates: list[float] = field(default_factory=list)  # one per group that has one
@@ -177,6 +183,7 @@ class VersionRow:
     def as_json(self) -> dict[str, Any]:
         return {
             "step": self.step,
+            "changed": self.changed,
             "groups": self.groups,
             "rollouts": self.rollouts,
             "parse_rate": _mean(self.parse_rates),

@@ -161,6 +161,13 @@ class Training(Database):
             ).all()
         return [_policy_record(row) for row in rows]
 
+    def first_changed_policy(self, campaign_id: int) -> PolicyRecord | None:
+        """The first policy version whose weights differ from the campaign's starting ones: the
+        version of the first step that trained some rollout. A step whose advantages were all 0
+        records a version with the weights it was given (`trained` 0 in its metrics); a version
+        without the count, from an older run, counts as changed."""
+        return next((p for p in self.policies(campaign_id) if moved_weights(p.metrics)), None)
+
     def latest_policy(self, campaign_id: int) -> PolicyRecord | None:
         with self._reading() as connection:
             row = connection.execute(
@@ -170,6 +177,12 @@ class Training(Database):
                 .limit(1)
             ).one_or_none()
         return None if row is None else _policy_record(row)
+
+
+def moved_weights(metrics: Mapping[str, Any]) -> bool:
+    """Whether the step of a policy version with these metrics changed the weights: it
+    trained some rollout (a version from before the count was stored is taken as changed)."""
+    return int(metrics.get("trained", 1) or 0) > 0
 
 
 def finite(metrics: Mapping[str, Any]) -> dict[str, Any]:

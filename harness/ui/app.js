@@ -209,7 +209,7 @@ function renderSummary(o) {
   }
   const rollouts = o.versions.reduce((a, v) => a + v.rollouts, 0);
   if (o.policy_steps || o.versions.some((v) => v.step > 0)) {
-    const trained = o.versions.filter((v) => v.step > 0).reduce((a, v) => a + v.rollouts, 0);
+    const trained = o.versions.filter((v) => v.changed).reduce((a, v) => a + v.rollouts, 0);
     const share = rollouts ? ` (${Math.round((100 * trained) / rollouts)}%)` : "";
     cards.push(card("sampled by trained weights", `${fmt(trained)} of ${fmt(rollouts)}${share}`));
   }
