@@ -46,14 +46,14 @@ def campaign_config(db: Path) -> Any:
 
 
 def trained_share(db: Path) -> tuple[int, int, int]:
-    """(training steps, rollouts sampled by a trained version, rollouts) of the database."""
+    """(training steps, rollouts sampled by weights a step changed, rollouts) of the database."""
     from harness.store import Store
 
     with Store.open(str(db)) as store:
         (campaign,) = store.campaigns()
         rows = store.version_measures(campaign.id, store.objectives(campaign.id))
         steps = len(store.policies(campaign.id))
-    trained = sum(row.rollouts for row in rows if row.step > 0)
+    trained = sum(row.rollouts for row in rows if row.changed)
     return steps, trained, sum(row.rollouts for row in rows)
 
 
