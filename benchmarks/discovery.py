@@ -362,8 +362,6 @@ def kept_run(arm: str, seed: int, folder: Path) -> RunResult:
 
 
 def read_probe(path: Path) -> dict | None:
-    import json
-
     if not path.exists():
         return None
     return {row["step"]: row for row in json.loads(path.read_text())}
