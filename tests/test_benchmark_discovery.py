@@ -151,3 +151,23 @@ def test_the_probes_set_score_is_vpos() -> None:
     assert probe.set_score(copies, rng) == pytest.approx(0.5, abs=0.03)
     both = np.concatenate([corners, compromise])
     assert probe.set_score(both, np.random.default_rng(1)) == pytest.approx(0.675, abs=0.02)
+
+
+def test_a_run_summary_gives_back_the_run_it_was_written_from(tmp_path: Path) -> None:
+    """A kept run's summary (.run.json) stands in for its database: the same scores, tokens
+    and probe (whose step keys JSON turns into strings), and --report-from reads it first."""
+    probe = {0: {"step": 0, "best_at": [0.0, 0.1]}, 12: {"step": 12, "best_at": [0.2, 0.3]}}
+    result = discovery.RunResult(
+        "vpo", 1, ["fit_id", "fit_ood"], 61.5, 900, 7, 6, 5, 30.25,
+        np.array([0, 120, 480], dtype=np.int64), np.array([[0.1, 0.0], [0.3, 0.2], [0.2, 0.4]]),
+        0.05, 0.8, 0.9, 0.7, 28, 24, probe,
+    )  # fmt: skip
+    result.save(discovery.summary_path(discovery.database(tmp_path, "vpo", 1)))
+    back = discovery.kept_run("vpo", 1, tmp_path)  # no database there: the summary alone
+    assert back.program_tokens.dtype == np.int64
+    np.testing.assert_array_equal(back.program_tokens, result.program_tokens)
+    np.testing.assert_array_equal(back.program_scores, result.program_scores)
+    assert back.probe == probe
+    assert back.best.tolist() == [0.3, 0.4] and back.trained_share == 24 / 28
+    with pytest.raises(SystemExit, match="missing"):
+        discovery.kept_run("grpo", 1, tmp_path)
