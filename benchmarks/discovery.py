@@ -278,6 +278,7 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
     from harness.store import Store
+    from harness.store.training import moved_weights
 
     with Store.open(db, read_only=True) as store:
         campaign_id = store.campaigns()[0].id
@@ -304,8 +305,6 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         measures = store.iteration_measures(campaign_id)
         policies = store.policies(campaign_id)
         versions = store.version_measures(campaign_id, objectives)
-    moved = sorted(p.step for p in policies if int(p.metrics.get("trained", 0)) > 0)
-    changed = moved[0] if moved else float("inf")
     rates = [m.parse_rate for m in measures if m.parse_rate is not None]
     half = len(rates) // 2
     return RunResult(
@@ -316,7 +315,7 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         tokens=summary.tokens,
         iterations=summary.groups,
         steps=summary.policy_versions,
-        moved=len(moved),
+        moved=sum(moved_weights(p.metrics) for p in policies),
         train_s=sum(float(p.metrics.get("seconds", 0.0)) for p in policies),
         program_tokens=np.array(tokens, dtype=np.int64),
         program_scores=np.array(scores, dtype=np.float64).reshape(len(scores), len(objectives)),
@@ -325,7 +324,7 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         parse_first_half=mean_of(rates[:half]),
         parse_second_half=mean_of(rates[half:]),
         rollouts=sum(row.rollouts for row in versions),
-        trained_rollouts=sum(row.rollouts for row in versions if row.step >= changed),
+        trained_rollouts=sum(row.rollouts for row in versions if row.changed),
         probe=read_probe(db.with_suffix(".probe.json")),
     )
 
