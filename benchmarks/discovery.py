@@ -209,6 +209,7 @@ def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list
         config.write_text(
             f"[training]\nmicro_batch = {args.micro_batch}\n"
             f'format_reward = "{args.format_reward}"\n'
+            f"overlong_buffer = {args.overlong_buffer}\n"
         )
         command += [
             "--config", str(config), "--train-every", str(args.train_every),
@@ -401,7 +402,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
         f"{args.max_tokens}, temperature {args.temperature}, token budget "
         f"{args.token_budget} per run (a run ends at most one batch past it), iterations "
         f"capped at {args.iterations}; the trained arms: a LoRA step (rank {args.lora_rank}, "
-        f"lr {args.lr:g}, micro-batch {args.micro_batch}, format reward {args.format_reward}) "
+        f"lr {args.lr:g}, micro-batch {args.micro_batch}, format reward {args.format_reward}, "
+        f"overlong buffer {args.overlong_buffer}) "
         f"after every {args.train_every} new "
         "group"
         f"{'s' if args.train_every > 1 else ''}; seeds "
@@ -608,6 +610,13 @@ def main() -> None:
         choices=("partial", "whole"),
         default="partial",
         help="the trained arms' reward of a rollout whose m candidates did not all parse",
+    )
+    parser.add_argument(
+        "--overlong-buffer",
+        type=int,
+        default=0,
+        help="the trained arms' soft overlong punishment: tokens before --max-tokens where a "
+        "longer completion starts to lose reward (0: off)",
     )
     parser.add_argument(
         "--keep", type=Path, help="keep each run's database, log and summary (.run.json) here"

@@ -114,6 +114,11 @@ class TrainSettings:
     # score, so "partial" pays a rollout of one good candidate what it pays one of m, and the
     # format can drift; benchmarks/results/discovery.md).
     format_reward: str = "partial"
+    # Soft overlong punishment (after DAPO, Yu et al. 2025, arXiv 2503.14476): a completion
+    # longer than max_tokens - this loses a share of every score, linearly, all of it at the
+    # limit; 0: off. Without it, a set reward that favours longer expressions grows the answers
+    # into the limit (benchmarks/results/discovery_vpo_256_tokens.md).
+    overlong_buffer: int = 0
     # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
     # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
     skip_zero_advantage: bool = True
@@ -268,6 +273,13 @@ class CampaignConfig:
         "score) or whole (nothing) ({default})",
         group=TRAINING,
     )
+    overlong_buffer: int = setting(
+        TrainSettings.overlong_buffer,
+        "tokens before max_tokens where a longer completion starts to lose its scores, "
+        "linearly, all of them at the limit (DAPO's soft overlong punishment); 0: off "
+        "({default})",
+        group=TRAINING,
+    )
     old_logprobs: str = setting(
         TrainSettings.old_logprobs,
         "the PPO ratio's old log-probs: auto, sampler or recompute ({default})",
@@ -357,6 +369,11 @@ class CampaignConfig:
             " or ".join(DUPLICATE_REWARDS),
         )
         _require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
+        _require(
+            0 <= self.overlong_buffer < self.max_tokens,
+            "overlong_buffer",
+            f"a whole number from 0 to max_tokens - 1 ({self.max_tokens - 1})",
+        )
         _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         _require(
             self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
@@ -425,6 +442,7 @@ class CampaignConfig:
             seed=self.seed,
             duplicate_reward=self.duplicate_reward,
             format_reward=self.format_reward,
+            overlong_buffer=self.overlong_buffer,
             skip_zero_advantage=self.skip_zero_advantage,
             shared_prompt=self.shared_prompt,
             gradient_checkpointing=self.gradient_checkpointing,

@@ -29,7 +29,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "train_every", "advantage", "learning_rate", "lora", "lora_rank", "kl_beta",
         "dirichlet_weights", "dirichlet_alpha", "micro_batch", "skip_zero_advantage",
         "shared_prompt", "gradient_checkpointing", "duplicate_reward", "format_reward",
-        "old_logprobs", "policy_dir",
+        "overlong_buffer", "old_logprobs", "policy_dir",
         "keep_versions", "sample_after_step",
     ),
     "reporting": ("report_to", "tracker_dir"),

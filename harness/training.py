@@ -154,6 +154,8 @@ class CampaignTrainer:
     changed_from: int | None = None
     duplicate_reward: str = "zero"  # see TrainSettings
     format_reward: str = "partial"  # see TrainSettings
+    overlong_buffer: int = 0  # see TrainSettings
+    max_tokens: int = 0  # the campaign's, where the overlong punishment ends
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
@@ -208,6 +210,8 @@ def start_trainer(
         changed_from=None if changed is None else changed.id,
         duplicate_reward=config.duplicate_reward,
         format_reward=config.format_reward,
+        overlong_buffer=config.overlong_buffer,
+        max_tokens=config.max_tokens,
         keep_versions=config.keep_versions,
     )
 
@@ -310,6 +314,7 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
             trainer.candidates,
             trainer.duplicate_reward,
             format_reward=trainer.format_reward,
+            overlong=(trainer.overlong_buffer, trainer.max_tokens),
         )
         for g in stored
     ]
@@ -454,9 +459,11 @@ def train_offline(
     settings: OfflineSettings,
     on_step: Callable[[StepMetrics], None] | None = None,
     parallel: Parallel | None = None,
+    max_tokens: int = 0,
 ) -> list[StepMetrics]:
     """Fine-tune `settings.training.model` on the campaign's groups (all of them, in iteration
-    order, cycling when `steps` asks for more) and write a model folder any backend loads."""
+    order, cycling when `steps` asks for more) and write a model folder any backend loads.
+    `max_tokens`: the campaign's, for the overlong punishment."""
     import json
 
     from trainer.distributed import Parallel
@@ -472,6 +479,7 @@ def train_offline(
                 settings.training.duplicate_reward,
                 versions=False,
                 format_reward=settings.training.format_reward,
+                overlong=(settings.training.overlong_buffer, max_tokens),
             )
             for t in store.training_groups(campaign_id)
         )
@@ -522,6 +530,14 @@ def settings_json(settings: Any) -> dict[str, Any]:
     return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}
 
 
+def overlong_penalty(length: int, buffer: int, max_tokens: int) -> float:
+    """The share of its scores a completion of `length` tokens loses: 0 up to
+    max_tokens - buffer, then linearly to 1 at max_tokens (0 when buffer is 0)."""
+    if buffer <= 0 or max_tokens <= 0:
+        return 0.0
+    return min(max(length - (max_tokens - buffer), 0) / buffer, 1.0)
+
+
 def to_group(
     stored: TrainingGroup,
     objectives: list[str],
@@ -530,15 +546,19 @@ def to_group(
     *,
     versions: bool = True,
     format_reward: str = "partial",
+    overlong: tuple[int, int] = (0, 0),
 ) -> Group | None:
     """The (G, m, d) score matrix and mask of a stored group; slots without a program are
     masked out, so they never enter the max (a failed program's zeros are kept: per-objective
     partial credit is part of the vector reward). With `duplicate_reward` "zero", a lazy
     candidate (its parent or a stored program repeated) scores zeros; its stored evaluation is
     untouched. With `format_reward` "whole", a rollout whose m candidates did not all parse has
-    every slot masked out: it scores nothing. `versions` off: the trained policy's steps are not
-    the campaign's policy versions (offline training starts a model of its own), so the
-    rollouts' versions are left out."""
+    every slot masked out: it scores nothing. `overlong` (buffer, max_tokens), a soft overlong
+    punishment after DAPO's: a completion of L tokens past max_tokens - buffer loses the share
+    (L - max_tokens + buffer) / buffer of every score, all of them at the limit (scores stay
+    >= 0, so DAPO's additive -1 becomes a factor). `versions` off: the trained
+    policy's steps are not the campaign's policy versions (offline training starts a model of
+    its own), so the rollouts' versions are left out."""
     from trainer.train import Group, Rollout
 
     if not stored.rollouts:
@@ -547,15 +567,15 @@ def to_group(
     mask = np.zeros((len(stored.rollouts), candidates), dtype=bool)
     for i, rollout in enumerate(stored.rollouts):
         slots = rollout.candidates[:candidates]
-        if format_reward == "whole" and (len(slots) < candidates or None in slots):
-            continue
-        for j, slot in enumerate(slots):
+        whole = not (format_reward == "whole" and (len(slots) < candidates or None in slots))
+        for j, slot in enumerate(slots if whole else ()):
             if slot is None:
                 continue
             mask[i, j] = True
             lazy = j < len(rollout.lazy) and rollout.lazy[j]
             if not (lazy and duplicate_reward == "zero"):
                 scores[i, j] = [slot.get(name, 0.0) for name in objectives]
+        scores[i] *= 1 - overlong_penalty(len(rollout.token_ids), *overlong)
     return Group(
         rollouts=[
             Rollout(

@@ -312,3 +312,38 @@ def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_form
     assert build({"format_reward": "whole"}).training().format_reward == "whole"
     with pytest.raises(UserError, match="format_reward"):
         build({"format_reward": "strict"})
+
+
+def test_a_completion_near_the_token_limit_loses_its_scores() -> None:
+    """A soft overlong punishment: without it a set reward that favours longer expressions grows
+    the answers into the limit; with it the longest whole rollout is no longer the best."""
+    from harness.config import build
+    from harness.errors import UserError
+    from harness.records import TrainingGroup, TrainingRollout
+    from harness.training import overlong_penalty, to_group
+    from trainer.train import TrainConfig, compute_advantages
+
+    assert [overlong_penalty(n, 32, 160) for n in (100, 128, 144, 160, 170)] == [0, 0, 0.5, 1, 1]
+    assert overlong_penalty(160, 0, 160) == 0  # off
+    good, fair = {"a": 0.9, "b": 0.8}, {"a": 0.5, "b": 0.4}
+    rollouts = (
+        TrainingRollout((1, 2), (3,) * 150, None, (good, good, good)),  # keeps 0.3125
+        TrainingRollout((1, 2), (3,) * 60, None, (fair, fair, fair)),  # short: keeps all
+        TrainingRollout((1, 2), (3,) * 60, None, (None, None, None)),  # unparsed: nothing
+        TrainingRollout((1, 2), (3,) * 160, None, (fair, fair, fair)),  # at the limit
+    )
+    group = TrainingGroup(1, 1, rollouts)
+    plain = to_group(group, ["a", "b"], 3, format_reward="whole")
+    punished = to_group(group, ["a", "b"], 3, format_reward="whole", overlong=(32, 160))
+    assert plain is not None and punished is not None
+    assert punished.scores[0, 0].tolist() == pytest.approx([0.9 * 0.3125, 0.8 * 0.3125])
+    assert punished.scores[1].tolist() == plain.scores[1].tolist()
+    assert punished.scores[3].sum() == 0 and punished.mask.tolist() == plain.mask.tolist()
+    vpo = TrainConfig(advantage="vpo")
+    before = compute_advantages([plain], vpo).per_rollout
+    after = compute_advantages([punished], vpo).per_rollout
+    assert before[0] > before[1] and before[3] > before[2]  # the long ones were the better
+    assert after[1] > after[0] and after[3] == after[2]  # now the short one is; the limit pays 0
+    assert build({"overlong_buffer": 32, "max_tokens": 160}).training().overlong_buffer == 32
+    with pytest.raises(UserError, match="overlong_buffer"):
+        build({"overlong_buffer": 160, "max_tokens": 160})

@@ -94,8 +94,7 @@ def add_commands(commands: Any) -> None:
         dest="duplicate_reward",
         default=None,
         help="zero or keep: the reward of a candidate repeating its parent or a stored program "
-        "(default: the "
-        f"campaign's with --follow, else {TrainSettings.duplicate_reward})",
+        f"(default: the campaign's; with --problem, {TrainSettings.duplicate_reward})",
     )
     p.add_argument(
         "--old-logprobs",
@@ -311,6 +310,10 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
         temperature=trained_temperature(stored.temperature),
         top_p=stored.top_p,
         old_logprobs="recompute",
+        # The campaign's reward rules: the groups score as they did when it trained on them.
+        duplicate_reward=stored.duplicate_reward,
+        format_reward=stored.format_reward,
+        overlong_buffer=stored.overlong_buffer,
     )
     settings = OfflineSettings(
         out=out,
@@ -331,6 +334,7 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
             settings,
             on_step=lambda metrics: logs.say(metrics.line()),
             parallel=parallel,
+            max_tokens=stored.max_tokens,
         )
     finally:
         parallel.close()
