@@ -325,6 +325,10 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
     assert [s["step"] for s in report["steps"]] == [1, 2, 3]
     assert report["objectives"] == ["n26", "n32", "rect21"] and report["groups"] == 3
     assert (out / "config.json").exists()  # a plain model folder, the adapter merged in
+    # The campaign's reward rules score its groups unless a flag says otherwise.
+    assert report["settings"]["duplicate_reward"] == "zero"
+    assert report["settings"]["format_reward"] == "partial"
+    assert report["settings"]["overlong_buffer"] == 0
 
     # `vpo run --model DIR` samples from it.
     other = tmp_path / "next.db"
@@ -343,6 +347,18 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
         return err
 
     assert "--advantage must be one of" in fails([*args[:-4], "--advantage", "ppo"])
+    assert "--format-reward must be partial or whole" in fails([*args, "--format-reward", "all"])
+    assert "--overlong-buffer must be a whole number >= 0" in fails(
+        [*args, "--overlong-buffer", "-1"]
+    )
+    assert "below the campaign's max_tokens (24), not 24" in fails(
+        [*args[:3], "--out", str(tmp_path / "o"), "--overlong-buffer", "24"]
+    )
+    flagged = tmp_path / "flagged"
+    rules = ["--format-reward", "whole", "--overlong-buffer", "8", "--steps", "1"]
+    assert main(["train", "--db", str(db), "--out", str(flagged), "--lora", *rules]) == 0
+    settings = json.loads((flagged / "vpo-train.json").read_text())["settings"]
+    assert (settings["format_reward"], settings["overlong_buffer"]) == ("whole", 8)
     assert "is not an empty folder" in fails(["train", "--db", str(db), "--out", str(out)])
     grpo = ["train", "--db", str(db), "--out", str(tmp_path / "o"), "--advantage", "grpo"]
     assert "one candidate per rollout" in fails(grpo)

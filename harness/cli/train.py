@@ -22,6 +22,7 @@ from harness.config import (
     ANSWER_TRAINING,
     DUPLICATE_REWARDS,
     FOLLOW_EVERY,
+    FORMAT_REWARDS,
     GRADIENT_CHECKPOINTING,
     LORA_LEARNING_RATE,
     OLD_LOGPROBS,
@@ -95,6 +96,21 @@ def add_commands(commands: Any) -> None:
         default=None,
         help="zero or keep: the reward of a candidate repeating its parent or a stored program "
         f"(default: the campaign's; with --problem, {TrainSettings.duplicate_reward})",
+    )
+    p.add_argument(
+        "--format-reward",
+        dest="format_reward",
+        default=None,
+        help="partial or whole: the reward of a rollout whose m candidates did not all parse "
+        f"(default: the campaign's; with --problem, {TrainSettings.format_reward})",
+    )
+    p.add_argument(
+        "--overlong-buffer",
+        dest="overlong_buffer",
+        type=int,
+        default=None,
+        help="tokens before the campaign's max_tokens where a longer completion starts to lose "
+        "its scores, all of them at the limit; 0: off (default: the campaign's)",
     )
     p.add_argument(
         "--old-logprobs",
@@ -232,6 +248,16 @@ def _checked_out(args: argparse.Namespace) -> Path:
             f"--duplicate-reward must be {' or '.join(DUPLICATE_REWARDS)}, "
             f"not {args.duplicate_reward!r}"
         )
+    if args.format_reward not in (None, *FORMAT_REWARDS):
+        raise UserError(
+            f"--format-reward must be {' or '.join(FORMAT_REWARDS)}, not {args.format_reward!r}"
+        )
+    if args.overlong_buffer is not None and args.overlong_buffer < 0:
+        raise UserError(
+            f"--overlong-buffer must be a whole number >= 0, not {args.overlong_buffer}"
+        )
+    if args.overlong_buffer is not None and args.problem is not None:
+        raise UserError("--overlong-buffer scores a campaign's groups: give --db, not --problem")
     if args.old_logprobs not in (None, *OLD_LOGPROBS):
         raise UserError(
             f"--old-logprobs must be {', '.join(OLD_LOGPROBS)}, not {args.old_logprobs!r}"
@@ -285,6 +311,8 @@ def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
             micro_batch=args.micro_batch,
             seed=args.seed,
             duplicate_reward=args.duplicate_reward,
+            format_reward=args.format_reward,
+            overlong_buffer=args.overlong_buffer,
             old_logprobs=args.old_logprobs,
             gradient_checkpointing=args.gradient_checkpointing,
             shared_prompt=args.shared_prompt,
@@ -315,9 +343,15 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
         format_reward=stored.format_reward,
         overlong_buffer=stored.overlong_buffer,
     )
+    training = _training(args, base)
+    if training.overlong_buffer >= stored.max_tokens:
+        raise UserError(
+            f"--overlong-buffer must be below the campaign's max_tokens ({stored.max_tokens}), "
+            f"not {training.overlong_buffer}"
+        )
     settings = OfflineSettings(
         out=out,
-        training=_training(args, base),
+        training=training,
         **_given(steps=args.steps, groups_per_step=args.groups_per_step),
     )
     # Under torchrun or `accelerate launch` every process runs this; one of them speaks.
@@ -353,6 +387,8 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
         "learning_rate": args.learning_rate,
         "kl_beta": args.kl_beta,
         "duplicate_reward": args.duplicate_reward,
+        "format_reward": args.format_reward,
+        "overlong_buffer": args.overlong_buffer,
         "old_logprobs": args.old_logprobs,
         "gradient_checkpointing": args.gradient_checkpointing,
         "shared_prompt": args.shared_prompt,
