@@ -68,7 +68,7 @@ def score(texts: list[str], campaign: Any, seed_code: str) -> dict[str, Any]:
     """The pool's measures (see the module)."""
     from harness.evaluate import evaluate_many
     from harness.iteration import classify_group
-    from harness.measures import best_at_k, pool_diversity
+    from trainer.measures import best_at_k, pool_diversity
 
     problem, config = campaign.problem, campaign.config
     expand = campaign.compact.program if campaign.compact else None
@@ -138,8 +138,7 @@ def main() -> None:
     write(args, record, config, rows)
     if args.json:
         plain = [
-            {"step": step, **{k: np.asarray(v).tolist() for k, v in m.items()}}
-            for step, m in rows
+            {"step": step, **{k: np.asarray(v).tolist() for k, v in m.items()}} for step, m in rows
         ]
         args.json.write_text(json.dumps(plain))
 

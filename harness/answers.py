@@ -16,7 +16,6 @@ the sampling noise), then averaged over prompts.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -27,6 +26,7 @@ import numpy as np
 from harness.config import AnswerSettings
 from harness.llm.base import Completion, Sampling
 from problems.api import AnswerProblem
+from trainer.measures import best_at_k, pass_at_k, pool_diversity
 
 KS = (1, 3, 5, 10, 30)
 # Room for the prompt beside the completion in a training sequence.
@@ -54,33 +54,6 @@ def score(problem: AnswerProblem, instance: Any, text: str, candidates: int) -> 
     return Scored(scores, mask, reasons)
 
 
-def best_at_k(values: Sequence[float], k: int) -> float:
-    """E[max of k values drawn without replacement from `values`]."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if not 1 <= k <= n:
-        raise ValueError(f"k must be between 1 and {n}, got {k}")
-    total = math.comb(n, k)
-    # The i-th smallest (1-based) is the maximum of comb(i - 1, k - 1) of the subsets.
-    return sum(v * math.comb(i - 1, k - 1) for i, v in enumerate(ordered, start=1)) / total
-
-
-def pass_at_k(n: int, correct: int, k: int) -> float:
-    """The unbiased pass@k estimator (Chen et al., arXiv 2107.03374): 1 - C(n-c, k) / C(n, k)."""
-    if not 1 <= k <= n or not 0 <= correct <= n:
-        raise ValueError(f"need 1 <= k <= n and 0 <= correct <= n, got n={n} c={correct} k={k}")
-    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
-
-
-def pool_diversity(vectors: np.ndarray) -> float:
-    """Mean pairwise L1 distance between the rows of `vectors`; 0 with fewer than two."""
-    if len(vectors) < 2:
-        return 0.0
-    distances = np.abs(vectors[:, None, :] - vectors[None, :, :]).sum(-1)
-    n = len(vectors)
-    return float(distances.sum() / (n * (n - 1)))
-
-
 def evaluate_policy(
     problem: AnswerProblem, generator: Any, settings: AnswerSettings, seed: int
 ) -> dict[str, Any]:
@@ -105,17 +78,20 @@ def evaluate_policy(
         completed += int((vectors[:, 0] > 0).sum())
         scalar = vectors.mean(axis=1)
         perfect = int(np.all(vectors >= 1.0, axis=1).sum())
+        best_k, passed_k = best_at_k(scalar, ks[-1]), pass_at_k(pool, perfect, ks[-1])
         for k in ks:
-            best[k].append(best_at_k(scalar.tolist(), k))
-            passed[k].append(pass_at_k(pool, perfect, k))
-        diversity.append(pool_diversity(vectors[present]))
+            best[k].append(float(best_k[k - 1]))
+            passed[k].append(float(passed_k[k - 1]))
+        spread = pool_diversity(vectors[present])
+        if spread is not None:  # fewer than two answers have no spread
+            diversity.append(spread)
     total = pool * len(instances)
     return {
         "prompts": len(instances),
         "pool": pool,
         "best_at_k": {str(k): float(np.mean(v)) for k, v in best.items()},
         "pass_at_k": {str(k): float(np.mean(v)) for k, v in passed.items()},
-        "diversity": float(np.mean(diversity)),
+        "diversity": float(np.mean(diversity)) if diversity else None,
         "answered": answered / total,  # answers present and not repeated
         "reach_exit": completed / total,
     }
@@ -125,9 +101,13 @@ def eval_line(label: str, report: dict[str, Any]) -> str:
     best = " ".join(f"best@{k} {v:.3f}" for k, v in report["best_at_k"].items())
     passed = " ".join(f"pass@{k} {v:.3f}" for k, v in report["pass_at_k"].items())
     return (
-        f"eval {label}: {best} | {passed} | diversity {report['diversity']:.3f} | "
+        f"eval {label}: {best} | {passed} | diversity {_shown(report['diversity'])} | "
         f"answered {report['answered']:.0%} | reach exit {report['reach_exit']:.0%}"
     )
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def train_answers(

@@ -22,6 +22,7 @@ from harness.records import IterationMeasures, ProgramRecord
 from harness.selection import pareto_front
 from harness.store import Store
 from problems.api import record_note
+from trainer.measures import best_at_k, pass_at_k, passes
 
 
 def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
@@ -94,9 +95,9 @@ def bestk(store: Store, campaign_id: int, k: int = measures.MAX_K) -> dict[str, 
         )
     shown = min(k, n)
     mean = vectors.mean(axis=1) if objectives else np.zeros(n)
-    best = measures.best_at_k(np.column_stack([vectors, mean]), shown)  # (k, d + 1)
-    passing = int(measures.passes(vectors).sum())
-    passed = measures.pass_at_k(n, passing, shown)
+    best = best_at_k(np.column_stack([vectors, mean]), shown)  # (k, d + 1)
+    passing = int(passes(vectors).sum())
+    passed = pass_at_k(n, passing, shown)
     return {
         "objectives": objectives,
         "slots": n,

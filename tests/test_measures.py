@@ -17,16 +17,10 @@ from sqlalchemy import select, update
 
 from harness.cli import main
 from harness.db import RolloutGroup
-from harness.measures import (
-    best_at_k,
-    parse_rate,
-    pass_at_k,
-    passes,
-    pool_diversity,
-    rolling_mean,
-)
+from harness.measures import parse_rate, rolling_mean
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store import Store
+from trainer.measures import best_at_k, pass_at_k, passes, pool_diversity
 
 # -- brute force: every k-subset, every pair -----------------------------------------------------
 
@@ -134,17 +128,23 @@ def test_pool_diversity_is_the_mean_pairwise_l1_distance(
         assert got == pytest.approx(expected, rel=1e-9, abs=1e-9)
 
 
-def test_pool_diversity_agrees_with_the_trainers() -> None:
-    import torch
-
-    from trainer.train import pool_diversity as trainer_diversity
+def test_the_trainers_step_measures_each_groups_diversity_by_the_one_rule() -> None:
+    """A training step's diversity is `pool_diversity` of each group's real candidates, and a
+    group with fewer than two is left out (None), as the campaign and the answer problems do."""
+    from trainer.train import Group, Rollout, TrainConfig, compute_advantages
 
     rng = np.random.default_rng(0)
-    scores = rng.random((4, 3, 2))  # (G, m, d)
-    mask = rng.random((4, 3)) > 0.3
-    ours = pool_diversity(scores[mask])
-    (theirs,) = trainer_diversity(torch.from_numpy(scores[None]), torch.from_numpy(mask[None]))
-    assert ours == pytest.approx(theirs, rel=1e-12)
+    groups = []
+    for real in (0.7, 0.7, 0.0):  # the last group has no real candidate
+        scores = rng.random((4, 3, 2))  # (G, m, d)
+        mask = rng.random((4, 3)) < real
+        mask[0, 0] = real > 0
+        rollouts = [Rollout((1,), (2,), None, None) for _ in range(4)]
+        groups.append(Group(rollouts=rollouts, scores=scores, mask=mask))
+    measured = compute_advantages(groups, TrainConfig(advantage="vpo")).diversity
+    expected = [pool_diversity(g.scores[g.mask]) for g in groups[:2]]
+    assert measured == pytest.approx(expected, rel=1e-12) and None not in expected
+    assert pool_diversity(groups[2].scores[groups[2].mask]) is None
     assert pool_diversity(np.array([[1.0, 0.0], [0.0, 1.0]])) == 2.0
     assert pool_diversity(np.zeros((1, 2))) is None
 

@@ -47,6 +47,7 @@ from trainer.logprobs import (
     token_logprobs,
 )
 from trainer.loss import LossConfig, policy_loss
+from trainer.measures import pool_diversity
 from trainer.policy import Policy
 
 ADVANTAGES = tuple(ESTIMATORS)
@@ -243,7 +244,11 @@ def compute_advantages(
         mask = torch.from_numpy(np.stack([groups[i].mask for i in members]))
         values, scalars = estimator(scores, mask, **options)
         zero += int((values == 0).all(dim=1).sum())
-        diversity += pool_diversity(scores, mask)
+        for group_scores, group_mask in zip(scores.numpy(), mask.numpy(), strict=True):
+            # Per group, over its real candidates (all G x m); fewer than two are left out.
+            spread = pool_diversity(group_scores[group_mask])
+            if spread is not None:
+                diversity.append(spread)
         for row, i in enumerate(members):
             advantages[i] = values[row].tolist()
             rewards[i] = scalars[row].tolist()
@@ -253,20 +258,6 @@ def compute_advantages(
         zero_std_groups=zero,
         diversity=diversity,
     )
-
-
-def pool_diversity(scores: Tensor, mask: Tensor) -> list[float]:
-    """Per group: the mean L1 distance between the reward vectors of its real candidates
-    (all G x m of them, pairs of distinct candidates); groups with fewer than two are left out."""
-    batch, group, m, dims = scores.shape
-    vectors = scores.reshape(batch, group * m, dims).to(torch.float64)
-    real = mask.reshape(batch, group * m)
-    distances = torch.cdist(vectors, vectors, p=1)  # (B, N, N)
-    pairs = real.unsqueeze(2) & real.unsqueeze(1)
-    pairs &= ~torch.eye(group * m, dtype=torch.bool).unsqueeze(0)
-    count = pairs.sum(dim=(1, 2))
-    total = (distances * pairs).sum(dim=(1, 2))
-    return [float(t / c) for t, c in zip(total, count, strict=True) if c > 0]
 
 
 def train_step(

@@ -17,11 +17,12 @@ import numpy as np
 from sqlalchemy import func, inspect, select, update
 from sqlalchemy.engine import Connection
 
-from harness.measures import parse_rate, pool_diversity
+from harness.measures import parse_rate
 from harness.records import IterationMeasures
 from harness.store.opening import Database
 from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
 from harness.store.training import moved_weights
+from trainer.measures import pool_diversity
 
 # A rollout's parse status and the program of each of its candidate slots (None: unparsed).
 Rollout = tuple[str, Sequence[int | None]]
