@@ -51,9 +51,9 @@ def build(path: Path, n: int, objectives: list[str], seed: int = 0) -> None:
     """A campaign of n programs written by bulk inserts with explicit ids."""
     from sqlalchemy import insert
 
-    from harness.db import GroupDraft, Program, RolloutGroup, Score, Trajectory
     from harness.records import code_hash
     from harness.store import Store
+    from harness.store.models import GroupDraft, Program, RolloutGroup, Score, Trajectory
 
     rng = random.Random(seed)
     store = Store.open(path)
@@ -162,8 +162,8 @@ def copy_to_postgres(source: Path, url: str) -> None:
     """The same rows in PostgreSQL, table by table in id order, sequences moved past them."""
     from sqlalchemy import func, insert, select, text
 
-    from harness.db import Base
     from harness.store import Store
+    from harness.store.models import Base
 
     Store.open(url).close()  # creates the tables
     with Store.open(source) as src, Store.open(url) as dst:
@@ -204,7 +204,7 @@ def timed(function: Callable[[], Any], repeats: int) -> float:
 def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
-    from harness.dashboard import create_app
+    from harness.inspect.dashboard import create_app
     from harness.records import Lineage, NewProgram
     from harness.store import Store
 

@@ -62,8 +62,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
 
-from harness.measures import front_points as pareto_front  # noqa: E402,F401
-from harness.measures import hypervolume  # noqa: E402
+from trainer.measures import front_points as pareto_front  # noqa: E402,F401
+from trainer.measures import hypervolume  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # oscillator1: the embedded model beats its seed out of domain within a few batches (make demo),
@@ -88,7 +88,7 @@ STDERR_TAIL_LINES = 3
 STOP_GRACE_S = 10
 
 
-# The measures: pure functions on arrays (the hypervolume is harness.measures').
+# The measures: pure functions on arrays (the hypervolume is harness.inspect.measures').
 
 
 def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -338,7 +338,7 @@ PROBE_SLOTS = 30  # the VPO paper's pool: 10 completions x m = 3, or 30 x 1
 def probe_run(db: Path, versions: str, seed: int) -> None:
     """Probe `versions` of the run in `db`: 30 slots (30 // m completions), a table and JSON
     beside the database."""
-    from harness.config import build
+    from harness.config.settings import build
     from harness.store import Store
 
     with Store.open(str(db), read_only=True) as store:

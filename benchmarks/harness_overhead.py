@@ -3,12 +3,12 @@
     python benchmarks/harness_overhead.py [--sizes 1000 10000 100000] [--iterations 200]
         [--openevolve-python PATH | --no-openevolve]
 
-What one iteration of `harness.campaign` costs the main process when generation and evaluation
+What one iteration of `harness.campaign.loop` costs the main process when generation and evaluation
 take no time, on a SQLite campaign of N synthetic circle-packing programs (1.5 KB median,
 0.8-2.1 KB of code, two objectives, 4 islands, ~10% not ok), stage by stage as `campaign.evolve`
 runs them:
 
-- refresh: `campaign.refresh_population` (`Store.program_vectors(after_id=last)` and
+- refresh: `run.refresh_population` (`Store.program_vectors(after_id=last)` and
   `Population.extend` of the new programs)
 - select: `campaign.choose` (island, parent, drafts), and `campaign.migrations` (every 20th
   iteration)
@@ -20,7 +20,7 @@ runs them:
   group, 4 trajectories (with token ids and logprobs) and the ~6 new programs, each with a
   precomputed evaluation (the sandbox is not run)
 
-Each stage calls the loop's own functions, on a `campaign.CampaignRun` built as
+Each stage calls the loop's own functions, on a `run.CampaignRun` built as
 `campaign.prepare` builds it. The completions are written between `prompt` and `parse`, outside
 the clock: that is the generator's time. Each iteration stores ~6 programs, so N grows during
 the run (the table says from what to what). The one-time load at start or resume (all vectors,
@@ -183,9 +183,9 @@ def build_campaign(path: Path, n: int) -> tuple[Store, int]:
     """A campaign of n programs: the seed through `add_program`, the rest by bulk insert."""
     from sqlalchemy import insert
 
-    from harness.db import Program, Score
     from harness.records import NewProgram, code_hash
     from harness.store import Store
+    from harness.store.models import Program, Score
     from problems.circle_packing import SEED_PROGRAM
 
     store = Store.open(path)
@@ -318,12 +318,13 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     """Per-stage seconds of `iterations` iterations on a fresh campaign of n programs."""
     from sqlalchemy import event
 
-    from harness import campaign
-    from harness.config import build
-    from harness.iteration import SampledIteration, classify_group
-    from harness.population import Population
-    from harness.prompts import build_prompt
-    from harness.sandbox import Limits
+    from harness.campaign import loop as campaign
+    from harness.campaign.iteration import SampledIteration, classify_group
+    from harness.campaign.population import Population
+    from harness.campaign.prompts import build_prompt
+    from harness.campaign.run import CampaignRun, refresh_population
+    from harness.config.settings import build
+    from harness.evaluation.sandbox import Limits
     from problems.circle_packing import make_problem
 
     problem = make_problem()
@@ -337,7 +338,7 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
 
     # What `campaign.prepare` loads once, at start or resume (the seed is stored already).
     started = time.perf_counter()
-    run = campaign.CampaignRun(
+    run = CampaignRun(
         config,
         problem,
         store,
@@ -349,7 +350,7 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         Population(OBJECTIVES),
         set(store.code_hashes(campaign_id)),
     )
-    campaign.refresh_population(run)
+    refresh_population(run)
     load_seconds = time.perf_counter() - started
 
     statements = [0]
@@ -365,7 +366,7 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         rng = np.random.default_rng([SEED, iteration])
         marks = [(time.perf_counter(), statements[0])]  # (clock, SQL statements) at each step
 
-        campaign.refresh_population(run)
+        refresh_population(run)
         marks.append((time.perf_counter(), statements[0]))
 
         selection = campaign.choose(run, iteration, rng, selection_config)

@@ -37,7 +37,7 @@ from reporting import publish  # noqa: E402
 
 
 def campaign_config(db: Path) -> Any:
-    from harness.config import build
+    from harness.config.settings import build
     from harness.store import Store
 
     with Store.open(str(db), read_only=True) as store:

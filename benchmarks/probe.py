@@ -66,8 +66,8 @@ def sample_version(
 
 def score(texts: list[str], campaign: Any, seed_code: str) -> dict[str, Any]:
     """The pool's measures (see the module)."""
-    from harness.evaluate import evaluate_many
-    from harness.iteration import classify_group
+    from harness.campaign.iteration import classify_group
+    from harness.evaluation.evaluate import evaluate_many
     from trainer.measures import best_at_k, pool_diversity
 
     problem, config = campaign.problem, campaign.config
@@ -147,13 +147,13 @@ def probe(
     db: str, versions: str, completions: int, seed: int, name: str | None = None
 ) -> tuple[Any, Any, list[tuple[int, dict[str, Any]]]]:
     """The campaign record, its config and, per version asked for, what it sampled."""
-    from harness.campaign import prepare
-    from harness.config import build
-    from harness.prompts import build_prompt
-    from harness.publish import SavedVersion, step_name
-    from harness.sandbox import Sandbox
+    from harness.campaign.loop import prepare
+    from harness.campaign.prompts import build_prompt
+    from harness.campaign.publish import SavedVersion, step_name
+    from harness.campaign.training import base_generator
+    from harness.config.settings import build
+    from harness.evaluation.sandbox import Sandbox
     from harness.store import Store
-    from harness.training import base_generator
     from problems.registry import load
     from trainer.policy import Policy
 

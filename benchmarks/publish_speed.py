@@ -50,8 +50,8 @@ def measure(model: str, repeats: int) -> dict:
     """One model's medians, in this process."""
     import torch
 
+    from harness.campaign.publish import SavedVersion, merged_folder, remove_folder
     from harness.llm.vllm_backend import VLLMGenerator
-    from harness.publish import SavedVersion, merged_folder, remove_folder
     from trainer.policy import Policy, PolicyConfig
 
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.sandbox import Sandbox  # noqa: E402
+from harness.evaluation.sandbox import Sandbox  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sandbox_overhead.md"
 TRIVIAL = "def f():\n    return 1\n"

@@ -35,10 +35,10 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
-from harness import zygote
-from harness.db import GroupDraft, Program, RolloutGroup, Trajectory
+from harness.evaluation import zygote
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
+from harness.store.models import GroupDraft, Program, RolloutGroup, Trajectory
 
 # Campaigns in the tests run vLLM in process on a tiny model (the default backend): 1 GiB of KV
 # cache holds far more than they ask for, where the default 4 GiB per engine would add up when
@@ -445,7 +445,7 @@ def campaign_invariants(
             ).all()
             assert all(d <= seen["upto"] for d in drafts)
             assert sorted(t.position for t in trajectories) == expected
-            # What its candidates measure is stored with it (harness/measures.py).
+            # What its candidates measure is stored with it (harness/inspect/measures.py).
             if trajectories:
                 parsed = [t.parse_status == "ok" for t in trajectories]
                 assert group.parse_rate == pytest.approx(sum(parsed) / len(parsed))

@@ -287,10 +287,10 @@ def test_rw_grpo_is_grpo_on_one_random_weighting_per_group() -> None:
 def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_format_reward() -> None:
     """VPO's set reward takes the best candidate's score, so with partial credit a rollout of one
     good candidate earns what a rollout of m does; "whole" pays only rollouts whose m parsed."""
-    from harness.config import build
-    from harness.errors import UserError
+    from harness.campaign.training import to_group
+    from harness.config.errors import UserError
+    from harness.config.settings import build
     from harness.records import TrainingGroup, TrainingRollout
-    from harness.training import to_group
     from trainer.train import TrainConfig, compute_advantages
 
     good, fair = {"a": 0.9, "b": 0.8}, {"a": 0.2, "b": 0.1}
@@ -317,10 +317,10 @@ def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_form
 def test_a_completion_near_the_token_limit_loses_its_scores() -> None:
     """A soft overlong punishment: without it a set reward that favours longer expressions grows
     the answers into the limit; with it the longest whole rollout is no longer the best."""
-    from harness.config import build
-    from harness.errors import UserError
+    from harness.campaign.training import overlong_penalty, to_group
+    from harness.config.errors import UserError
+    from harness.config.settings import build
     from harness.records import TrainingGroup, TrainingRollout
-    from harness.training import overlong_penalty, to_group
     from trainer.train import TrainConfig, compute_advantages
 
     assert [overlong_penalty(n, 32, 160) for n in (100, 128, 144, 160, 170)] == [0, 0, 0.5, 1, 1]

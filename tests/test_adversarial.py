@@ -14,11 +14,11 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from harness.campaign import run_campaign
-from harness.config import build
-from harness.db import Program, Trajectory
+from harness.campaign.loop import run_campaign
+from harness.config.settings import build
 from harness.llm import Completion
 from harness.store import Store
+from harness.store.models import Program, Trajectory
 from problems.registry import load as load_problem
 
 GROUP, ITERATIONS = 10, 100  # 1,000 completions

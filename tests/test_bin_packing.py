@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.evaluate import evaluate
-from harness.sandbox import Sandbox
+from harness.evaluation.evaluate import evaluate
+from harness.evaluation.sandbox import Sandbox
 from problems.api import Infeasible
 from problems.bin_packing import (
     DRIVER,

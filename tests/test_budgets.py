@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from test_campaign import fast_settings
 
-from harness.budgets import stored_spend
-from harness.campaign import run_campaign
+from harness.campaign.budgets import stored_spend
+from harness.campaign.loop import run_campaign
 from harness.cli import main
-from harness.config import build
-from harness.errors import UserError
+from harness.config.errors import UserError
+from harness.config.settings import build
 from harness.store import Store
 from problems.circle_packing import CirclePacking
 
@@ -108,7 +108,7 @@ def test_bad_budgets_and_prices_are_refused_in_one_line(
 
 
 def test_budgets_come_from_a_toml_section(tmp_path: Path) -> None:
-    from harness.config_file import load_toml
+    from harness.config.files import load_toml
 
     file = tmp_path / "campaign.toml"
     file.write_text(

@@ -9,15 +9,15 @@ from conftest import campaign_invariants
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from harness.campaign import evaluate_and_store, prepare, run_campaign
-from harness.config import build
-from harness.db import GroupDraft, RolloutGroup, Trajectory
-from harness.iteration import SampledIteration
+from harness.campaign.iteration import SampledIteration
+from harness.campaign.loop import evaluate_and_store, prepare, run_campaign
+from harness.campaign.selection import Selection
+from harness.config.settings import build
+from harness.evaluation.sandbox import Sandbox
+from harness.inspect.views import summary_json
 from harness.llm import Completion
-from harness.sandbox import Sandbox
-from harness.selection import Selection
 from harness.store import Store
-from harness.views import summary_json
+from harness.store.models import GroupDraft, RolloutGroup, Trajectory
 from problems.api import Infeasible, Objective, Problem
 from problems.circle_packing import SEED_PROGRAM, CirclePacking
 
@@ -128,7 +128,7 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
     """ThetaEvolve's lazy outputs: a candidate that repeats its parent (or a stored program)
     scores zero as a reward by default, so copying is not the safe answer; its stored
     evaluation is untouched, and `duplicate_reward = "keep"` gives it the parent's scores."""
-    from harness.training import to_group
+    from harness.campaign.training import to_group
     from trainer.train import TrainConfig, compute_advantages
 
     store = Store.open(tmp_path / "campaign.db")
@@ -282,7 +282,7 @@ def test_training_inside_the_campaign_uses_each_group_once(
 
 
 def test_training_settings_are_checked_before_anything_runs() -> None:
-    from harness.errors import UserError
+    from harness.config.errors import UserError
 
     with pytest.raises(UserError, match="candidates"):
         build({"train_every": 2, "advantage": "grpo", "candidates": 3})
@@ -299,7 +299,7 @@ def test_training_settings_are_checked_before_anything_runs() -> None:
 
 
 def test_the_config_knows_the_trainer_estimators() -> None:
-    from harness.config import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
+    from harness.config.settings import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
     from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
 
     assert tuple(ESTIMATORS) == ADVANTAGES
@@ -390,8 +390,8 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     generator samples from the new version (it holds the very weights the trainer stepped)."""
     import torch
 
+    from harness.campaign.training import start_trainer, trainer_generator
     from harness.llm.transformers_backend import TransformersGenerator
-    from harness.training import start_trainer, trainer_generator
     from trainer.models import load_model
 
     settings = {

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.evaluate import evaluate
-from harness.sandbox import Sandbox
+from harness.evaluation.evaluate import evaluate
+from harness.evaluation.sandbox import Sandbox
 from problems.api import Infeasible
 from problems.cap_set import BEST, CapSet, greedy_cap, is_cap
 

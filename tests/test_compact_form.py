@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import UserError
-from harness.evaluate import evaluate
-from harness.iteration import classify_group
+from harness.campaign.iteration import classify_group
+from harness.config.errors import UserError
+from harness.evaluation.evaluate import evaluate
+from harness.evaluation.sandbox import Limits, Sandbox
 from harness.records import code_hash
-from harness.sandbox import Limits, Sandbox
 from problems.circle_packing import CirclePacking
 from problems.equation_discovery import SPECS, EquationDiscovery
 
@@ -123,12 +123,12 @@ def test_a_group_of_expressions_becomes_programs_or_reasons() -> None:
 def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     """Through the campaign's own path: stored programs are whole, the next prompt shows the
     parent and a draft as expressions, and it is much shorter than the whole-program one."""
-    from harness.campaign import evaluate_and_store, prepare
-    from harness.config import build
-    from harness.iteration import SampledIteration
+    from harness.campaign.iteration import SampledIteration
+    from harness.campaign.loop import evaluate_and_store, prepare
+    from harness.campaign.prompts import build_prompt
+    from harness.campaign.selection import Selection
+    from harness.config.settings import build
     from harness.llm import Completion
-    from harness.prompts import build_prompt
-    from harness.selection import Selection
     from harness.store import Store
 
     config = build(
@@ -158,8 +158,8 @@ def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
 
 
 def test_a_problem_without_a_compact_form_is_a_one_line_error() -> None:
-    from harness.campaign import compact_form
-    from harness.config import build
+    from harness.campaign.loop import compact_form
+    from harness.config.settings import build
 
     problem = CirclePacking()
     config = build({"problem": problem.name, "form": "compact"})

@@ -19,13 +19,13 @@ from conftest import campaign_invariants, check_invariants
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from harness.campaign import run_campaign
-from harness.config import build
-from harness.db import RolloutGroup
-from harness.errors import UserError
+from harness.campaign.loop import run_campaign
+from harness.campaign.training import base_generator
+from harness.config.errors import UserError
+from harness.config.settings import build
 from harness.llm import Completion, Message, Sampling, Weights, make_generator
 from harness.store import Store
-from harness.training import base_generator
+from harness.store.models import RolloutGroup
 from problems.circle_packing import CirclePacking
 
 

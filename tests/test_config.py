@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import FLOAT_RANGES, CampaignConfig, build
-from harness.config_file import load_toml
-from harness.errors import UserError
+from harness.config.errors import UserError
+from harness.config.files import load_toml
+from harness.config.settings import FLOAT_RANGES, CampaignConfig, build
 
 
 def test_defaults_are_what_a_user_would_pick() -> None:
@@ -121,7 +121,7 @@ def test_toml_keys_and_sections_must_be_known_and_in_place(
 
 
 def test_every_setting_has_one_section_or_the_top(tmp_path: Path) -> None:
-    from harness.config_file import SECTIONS
+    from harness.config.files import SECTIONS
 
     top = {"problem", "name", "seed", "iterations", "token_budget", "strategy"}
     in_sections = [key for keys in SECTIONS.values() for key in keys]

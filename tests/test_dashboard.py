@@ -16,11 +16,11 @@ from conftest import free_port, read_only_folder, start_vpo
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from harness import status
-from harness.dashboard import Dashboard, create_app, is_loopback, request_host
-from harness.db import Program, RolloutGroup, Score, Trajectory
+from harness.inspect import status
+from harness.inspect.dashboard import Dashboard, create_app, is_loopback, request_host
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
+from harness.store.models import Program, RolloutGroup, Score, Trajectory
 
 
 @pytest.fixture

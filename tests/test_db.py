@@ -23,7 +23,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Session
 
-from harness.db import (
+from harness.config.errors import SchemaError, UserError
+from harness.records import Lineage, NewProgram, code_hash
+from harness.store import Store
+from harness.store.models import (
     SCHEMA_VERSION,
     Base,
     Campaign,
@@ -36,9 +39,6 @@ from harness.db import (
     Score,
     Trajectory,
 )
-from harness.errors import SchemaError, UserError
-from harness.records import Lineage, NewProgram, code_hash
-from harness.store import Store
 
 SEED_CODE = "def construct():\n    return [0.5, 0.5, 0.1]\n"
 
@@ -714,7 +714,7 @@ def test_sqlite_keeps_its_cyclic_foreign_key_after_postgres(
     postgres_url: str, tmp_path: Path
 ) -> None:
     # SQLAlchemy's ALTER TABLE step on PostgreSQL once switched this key off for later SQLite
-    # databases in the same process; see harness.db.schema_copy.
+    # databases in the same process; see harness.store.models.schema_copy.
     Store.open(postgres_url).close()
     with Store.open(tmp_path / "after.db") as store, store.engine.connect() as connection:
         keys = connection.exec_driver_sql("PRAGMA foreign_key_list(program)").all()

@@ -20,10 +20,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from harness.cli import main
-from harness.db import SCHEMA_VERSION, Base, RolloutGroup, Score, Trajectory, utc_now
+from harness.inspect.views import bestk
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
-from harness.views import bestk
+from harness.store.models import SCHEMA_VERSION, Base, RolloutGroup, Score, Trajectory, utc_now
 
 OLD_CHECK = "ck_score_value_unit"
 NEW_CHECK = "ck_score_value_finite"

@@ -19,8 +19,8 @@ from conftest import in_a_candidates_sight
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.evaluate import evaluate, evaluate_many
-from harness.sandbox import Limits, Sandbox
+from harness.evaluation.evaluate import evaluate, evaluate_many
+from harness.evaluation.sandbox import Limits, Sandbox
 from problems.api import MAX_SCORE, Call, Evaluation, Infeasible
 from problems.equation_discovery import (
     DATA,
@@ -577,12 +577,12 @@ def test_each_problem_declares_its_data_private() -> None:
 def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
     """Completions as data through the campaign's own path: parsed, evaluated, stored with
     the NMSE as raw value, and the next prompt states the task and shows the scores."""
-    from harness.campaign import evaluate_and_store, prepare
-    from harness.config import build
-    from harness.iteration import SampledIteration
+    from harness.campaign.iteration import SampledIteration
+    from harness.campaign.loop import evaluate_and_store, prepare
+    from harness.campaign.prompts import build_prompt
+    from harness.campaign.selection import Selection
+    from harness.config.settings import build
     from harness.llm import Completion
-    from harness.prompts import build_prompt
-    from harness.selection import Selection
     from harness.store import Store
 
     problem = EquationDiscovery("oscillator1")

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.spatial.distance import pdist
 
-from harness.evaluate import evaluate
-from harness.sandbox import Sandbox
+from harness.evaluation.evaluate import evaluate
+from harness.evaluation.sandbox import Sandbox
 from problems.api import Infeasible
 from problems.heilbronn import (
     Heilbronn,

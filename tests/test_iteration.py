@@ -8,14 +8,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.iteration import (
+from harness.campaign.iteration import (
     Candidate,
     ParsedGroup,
     classify_group,
     rollout_records,
 )
+from harness.campaign.parsing import format_full, parse_completion
 from harness.llm import Completion
-from harness.parsing import format_full, parse_completion
 from harness.records import code_hash, entry_key
 from problems.api import Evaluation
 

@@ -34,7 +34,7 @@ from conftest import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.errors import UserError
+from harness.config.errors import UserError
 from harness.llm import Completion, GenerationError, Sampling, make_generator
 from harness.llm.base import chat_prompt_ids
 from harness.llm.transformers_backend import (
@@ -428,7 +428,7 @@ def test_vllm_samples_from_a_published_policy_version(vllm_engine: Any, tmp_path
     reload it into the running engine; the samples change, and come back with the old weights."""
     import torch
 
-    from harness.publish import publish
+    from harness.campaign.publish import publish
     from trainer.policy import Policy, PolicyConfig
 
     before = vllm_engine.generate(PROMPTS[:1], 2, SHORT)
@@ -452,7 +452,7 @@ def test_a_version_from_memory_samples_as_its_merged_folder_does(
     base model's."""
     import torch
 
-    from harness.publish import SavedVersion
+    from harness.campaign.publish import SavedVersion
     from trainer.policy import Policy, PolicyConfig
 
     torch.manual_seed(0)
@@ -588,7 +588,7 @@ def test_a_lora_version_is_loaded_into_the_server_and_sampled_by_name(
     tokenizer: Any,
     tmp_path: Path,
 ) -> None:
-    from harness.publish import serve_adapter
+    from harness.campaign.publish import serve_adapter
 
     folders = [lora_policy.save(tmp_path / f"step-{k:06d}", optimizer=False) for k in (1, 2, 3)]
     endpoint = {"base_url": vllm_server.base_url, "api_key_env": vllm_server.key_env}
@@ -753,7 +753,7 @@ def test_openai_endpoint_error_mid_run_is_a_generation_error(scripted_server: st
 def test_a_server_that_cannot_take_adapters_is_refused_before_training(
     scripted_server: str,
 ) -> None:
-    from harness.publish import check_trainable_endpoint
+    from harness.campaign.publish import check_trainable_endpoint
 
     generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import logs
 from harness.cli import main
+from harness.config import logs
 
 FIXTURE = Path(__file__).parent / "data" / "before-alembic.db"
 

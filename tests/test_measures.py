@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from sqlalchemy import select, update
 
 from harness.cli import main
-from harness.db import RolloutGroup
-from harness.measures import parse_rate, rolling_mean
+from harness.inspect.measures import rolling_mean
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store import Store
-from trainer.measures import best_at_k, pass_at_k, passes, pool_diversity
+from harness.store.models import RolloutGroup
+from trainer.measures import best_at_k, parse_rate, pass_at_k, passes, pool_diversity
 
 # -- brute force: every k-subset, every pair -----------------------------------------------------
 

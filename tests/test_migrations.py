@@ -1,4 +1,4 @@
-"""Migrations (Alembic, harness/migrations): a database written by the release before them, a
+"""Migrations (Alembic, harness/store/migrations): a database written by the release before them, a
 later revision applied to today's database, and a database from a newer release.
 
 `tests/data/before-alembic.db` was written by the release just before migrations
@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from harness import migrations
 from harness.cli import main
-from harness.errors import SchemaError
-from harness.store import Store
+from harness.config.errors import SchemaError
+from harness.store import Store, migrations
 
 FIXTURE = Path(__file__).parent / "data" / "before-alembic.db"
 

@@ -166,8 +166,8 @@ SUITE = (
 
 
 def test_the_suite_is_installed_and_every_seed_evaluates_ok() -> None:
-    from harness.evaluate import evaluate
-    from harness.sandbox import Sandbox
+    from harness.evaluation.evaluate import evaluate
+    from harness.evaluation.sandbox import Sandbox
     from problems.api import AnswerProblem
 
     assert set(SUITE) <= set(available())
@@ -230,15 +230,14 @@ def second(n):
 
 
 def test_a_follow_up_runs_in_a_fresh_process_and_only_its_value_is_scored() -> None:
-    from harness.evaluate import MAX_STAGES, evaluate_many
-    from harness.sandbox import Sandbox
+    from harness.evaluation.evaluate import MAX_STAGES, evaluate_many
+    from harness.evaluation.sandbox import Sandbox
 
     refusing = STAGES.replace("return n + 1\n", "return 'refuse'\n")
     with Sandbox(workers=2) as box:
-        chained, refused, endless = (
-            evaluate_many(TwoStages(), [STAGES, refusing], box)
-            + evaluate_many(TwoStages(stages=99), [STAGES], box)
-        )
+        chained, refused, endless = evaluate_many(
+            TwoStages(), [STAGES, refusing], box
+        ) + evaluate_many(TwoStages(stages=99), [STAGES], box)
     assert chained.status == "ok" and chained.scores == {"value": 42.0}, chained
     assert chained.artifacts["main"]["stdout"] == "first\n"
     assert chained.artifacts["next"]["stdout"] == "second [[], None, False]\n"

@@ -31,10 +31,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from harness import confinement, zygote
-from harness.confinement import UID_COUNT, UID_FIRST
-from harness.errors import UserError
-from harness.sandbox import Call, Limits, Outcome, Sandbox
+from harness.config.errors import UserError
+from harness.evaluation import confinement, zygote
+from harness.evaluation.confinement import UID_COUNT, UID_FIRST
+from harness.evaluation.sandbox import Call, Limits, Outcome, Sandbox
 
 PROJECT = Path(__file__).resolve().parents[1]
 ROOT = os.geteuid() == 0
@@ -572,7 +572,7 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(PROJECT)!r})
-        from harness.sandbox import Sandbox
+        from harness.evaluation.sandbox import Sandbox
         with Sandbox(workers=1, preload=()) as sandbox:
             outcome = sandbox.run("import os\\ndef f(): return [os.getpid(), os.getuid()]", "f")
         print(outcome.status, outcome.value, sorted(outcome.isolation), outcome.warnings)
@@ -604,7 +604,7 @@ def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
             f"""
             import json, sys
             sys.path.insert(0, {str(PROJECT)!r})
-            from harness.sandbox import Sandbox
+            from harness.evaluation.sandbox import Sandbox
             code = (
                 "def f(path):\\n    try:\\n        return len(open(path, 'rb').read())\\n"
                 "    except OSError as exc:\\n        return type(exc).__name__\\n"

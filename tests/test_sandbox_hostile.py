@@ -23,8 +23,8 @@ from conftest import (
     needs_isolation,
 )
 
-from harness import confinement, zygote
-from harness.sandbox import Limits, Outcome, Sandbox
+from harness.evaluation import confinement, zygote
+from harness.evaluation.sandbox import Limits, Outcome, Sandbox
 
 ROOT = os.geteuid() == 0
 # Where the harness is root and a memory control group can be made (CI's machines), the memory
@@ -99,7 +99,7 @@ def test_sixty_megabytes_of_empty_lists_cost_the_harness_little(tmp_path: Path) 
     script = textwrap.dedent(
         """
         import sys
-        from harness.sandbox import Sandbox
+        from harness.evaluation.sandbox import Sandbox
         code = sys.argv[1]
         with Sandbox(workers=1) as sandbox:
             outcome = sandbox.run(code, "f")
@@ -320,7 +320,7 @@ def test_a_crashed_holders_control_group_is_emptied_and_reused(tmp_path: Path) -
     script = textwrap.dedent(
         """
         import sys, time
-        from harness.sandbox import Sandbox
+        from harness.evaluation.sandbox import Sandbox
         sandbox = Sandbox(workers=1)
         code = "import time\\ndef f():\\n    time.sleep(60)\\n"
         import threading
@@ -534,7 +534,7 @@ def construct_packing(n, container="square"):
 
 
 def test_a_program_cannot_return_alphaevolves_published_packings(sandbox: Sandbox) -> None:
-    from harness.evaluate import evaluate
+    from harness.evaluation.evaluate import evaluate
     from problems.circle_packing import CirclePacking
 
     class Exposed(CirclePacking):  # what the same program got before the data were hidden
@@ -643,7 +643,7 @@ def test_a_mount_inside_a_private_folder_is_out_of_sight_not_writable(tmp_path: 
 
 
 def test_default_private_paths_are_the_packages_and_their_checkout() -> None:
-    from harness.sandbox import default_private_paths
+    from harness.evaluation.sandbox import default_private_paths
 
     hidden = set(default_private_paths())
     assert {str(PROJECT / name) for name in ("harness", "problems", "trainer")} <= hidden

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness.evaluate import evaluate
-from harness.sandbox import Sandbox
+from harness.evaluation.evaluate import evaluate
+from harness.evaluation.sandbox import Sandbox
 from problems.api import Call, Infeasible, Problem
 from problems.autocorrelation import Autocorrelation, first_autocorrelation, minimum_overlap
 from problems.bin_packing import BinPacking, bins_used, datasets

@@ -12,19 +12,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from harness.population import Population
-from harness.records import ProgramRecord
-from harness.selection import (
+from harness.campaign.population import Population
+from harness.campaign.selection import (
     SelectionConfig,
     island_for,
     migrants,
-    pareto_front,
     pareto_ids,
     pick_drafts,
     pick_parent,
     select,
     should_migrate,
 )
+from harness.records import ProgramRecord
+from trainer.measures import pareto_front
 
 OBJECTIVES = ("a", "b")
 

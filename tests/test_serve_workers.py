@@ -23,7 +23,7 @@ from conftest import (
     wait_for_campaign,
 )
 
-from harness.config import KEEP_VERSIONS
+from harness.config.settings import KEEP_VERSIONS
 from harness.llm.openai_backend import OpenAIGenerator
 
 GROUP_SIZE = 2
@@ -42,7 +42,7 @@ def client(served: Served) -> Iterator[OpenAIGenerator]:
 
 
 def served_versions(client: OpenAIGenerator, campaign: str) -> set[str]:
-    from harness.publish import served_versions as versions
+    from harness.campaign.publish import served_versions as versions
 
     return set(versions(client, campaign))
 

@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import update
 
-from harness import status
 from harness.cli import main
-from harness.db import Campaign, Event, PolicyVersion, RolloutGroup
+from harness.inspect import status
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store import Store
+from harness.store.models import Campaign, Event, PolicyVersion, RolloutGroup
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 # Iterations 0..3 stored 10, 30, 50 and 70 s after the campaign was created: 20 s apart.

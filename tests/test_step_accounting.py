@@ -22,15 +22,16 @@ import torch
 from sqlalchemy import create_engine, inspect, select, text
 from sqlalchemy.orm import Session
 
-from harness import config as config_module
-from harness import migrations, status
-from harness.campaign import Progress, run_campaign
-from harness.config import build
-from harness.db import RolloutGroup
-from harness.errors import SchemaError
-from harness.prompts import build_prompt
+from harness.campaign.loop import run_campaign
+from harness.campaign.progress import Progress
+from harness.campaign.prompts import build_prompt
+from harness.config import settings as config_module
+from harness.config.errors import SchemaError
+from harness.config.settings import build
+from harness.inspect import status
 from harness.records import Lineage, NewProgram
-from harness.store import Store
+from harness.store import Store, migrations
+from harness.store.models import RolloutGroup
 from problems.circle_packing import SEED_PROGRAM, CirclePacking
 
 MAX_TOKENS = 16  # the least a campaign takes
@@ -66,7 +67,7 @@ class Said(logging.Handler):
 @pytest.fixture
 def warnings() -> Iterator[list[str]]:
     said = Said()
-    logger = logging.getLogger("harness.campaign")
+    logger = logging.getLogger("harness.campaign.loop")
     logger.addHandler(said)
     try:
         yield said.lines

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from harness.evaluate import evaluate, evaluate_many
-from harness.sandbox import Sandbox
+from harness.evaluation.evaluate import evaluate, evaluate_many
+from harness.evaluation.sandbox import Sandbox
 from problems.api import Call, Evaluation
 from problems.equation_discovery import (
     DRIVER,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from test_campaign import fast_settings
 
-from harness.campaign import run_campaign
-from harness.config import build
-from harness.config_file import load_toml
-from harness.errors import UserError
+from harness.campaign.loop import run_campaign
+from harness.config.errors import UserError
+from harness.config.files import load_toml
+from harness.config.settings import build
 from harness.store import Store
 from problems.circle_packing import CirclePacking
 

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from harness import publish as publishing
-from harness import status
-from harness.campaign import run_campaign
+from harness.campaign import publish as publishing
+from harness.campaign.loop import run_campaign
+from harness.campaign.publish import merged_folder, prune_versions, publish, step_name
+from harness.campaign.training import follow
 from harness.cli.render import size, status_rows
-from harness.config import KEEP_VERSIONS, CampaignConfig, build
-from harness.config_file import load_toml
-from harness.errors import UserError
-from harness.publish import merged_folder, prune_versions, publish, step_name
+from harness.config.errors import UserError
+from harness.config.files import load_toml
+from harness.config.settings import KEEP_VERSIONS, CampaignConfig, build
+from harness.inspect import status
 from harness.store import Store
-from harness.training import follow
 from problems.api import Infeasible, Objective, Problem
 
 

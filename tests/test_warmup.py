@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.config import build
+from harness.campaign.warmup import WarmupSettings, _first_prompt, warm_up, well_formed
+from harness.config.settings import build
 from harness.llm.base import Completion, chat_prompt_ids
-from harness.warmup import WarmupSettings, _first_prompt, warm_up, well_formed
 from problems.circle_packing import CirclePacking
 from trainer.imitation import imitation_step
 from trainer.logprobs import token_batch, token_logprobs

@@ -1,16 +1,22 @@
-"""The measures of a pool of candidates that the trainer, the campaign and the answer problems
-share, written once (pure numpy; the trainer's layer, so that all of them can import it):
+"""Every measure of candidates and their reward vectors, written once, for the trainer, the
+campaign (selection, the store's per-iteration measures, trackers, views) and the answer
+problems alike (pure numpy, in the trainer's layer, the lowest, so that all of them import it):
 
     pool diversity   the mean L1 distance between the reward vectors of every pair of distinct
                      candidates (the VPO paper's measure of a pool); None with fewer than two
     best@k           E[max of k values drawn uniformly without replacement], k = 1..k_max
     pass@k           1 - C(n-c, k) / C(n, k): Chen et al.'s unbiased estimator (arXiv 2107.03374)
     passes           which reward vectors reach the best known value (1) in every objective
+    parse rate       the share of rollouts whose m candidates all parsed
+    Pareto front     the rows no other row dominates (>= everywhere, > somewhere), maximising
+    hypervolume      the volume the rows dominate above the reference point 0 (exact, slicing)
 
-`harness.measures` says how a campaign applies them.
+`harness.inspect.measures` says how a campaign applies them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -71,3 +77,96 @@ def passes(vectors: np.ndarray) -> np.ndarray:
     """Which rows of `vectors` (n, d) reach the best known value (1) in every objective."""
     vectors = np.asarray(vectors, dtype=np.float64)
     return np.all(vectors >= 1.0, axis=1) & (vectors.shape[1] > 0)
+
+
+def parse_rate(parse_statuses: Sequence[str]) -> float | None:
+    """The share of rollouts whose candidates all parsed (`parse_status` "ok"; the others are
+    "partial" and "none"); None without rollouts (a skipped iteration)."""
+    if not parse_statuses:
+        return None
+    return sum(status == "ok" for status in parse_statuses) / len(parse_statuses)
+
+
+def pareto_front(scores: np.ndarray) -> np.ndarray:
+    """Sorted indices of the non-dominated rows of `scores` (N, d), higher is better.
+
+    q dominates p when q >= p in every objective and q > p in one; equal rows do not dominate
+    each other, so copies of a front point are all on the front. d = 2 is a sort and a sweep,
+    O(N log N); other d filter the points one by one, O(N * front size * d).
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    n = len(scores)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    d = scores.shape[1]
+    if d == 0:
+        return np.arange(n)
+    if d == 1:
+        return np.flatnonzero(scores[:, 0] == scores[:, 0].max())
+    if d == 2:
+        return _pareto_2d(scores)
+    return _pareto_nd(scores)
+
+
+def _pareto_2d(scores: np.ndarray) -> np.ndarray:
+    x, y = scores[:, 0], scores[:, 1]
+    order = np.lexsort((-y, -x))  # x descending, then y descending
+    xs, ys = x[order], y[order]
+    running = np.maximum.accumulate(ys)
+    # Everything before position i has x >= xs[i]; one of them with a larger y dominates.
+    before = np.concatenate(([-np.inf], running[:-1]))
+    # Among points with strictly larger x, an equal y is enough to dominate.
+    group_start = np.searchsorted(-xs, -xs, side="left")
+    larger_x = np.where(group_start > 0, running[np.maximum(group_start - 1, 0)], -np.inf)
+    dominated = (before > ys) | (larger_x >= ys)
+    return np.sort(order[~dominated])
+
+
+def _pareto_nd(scores: np.ndarray) -> np.ndarray:
+    # A dominator has a strictly larger sum, so after sorting by sum descending each surviving
+    # point only needs to knock out the points after it.
+    order = np.argsort(-scores.sum(axis=1), kind="stable")
+    points = scores[order]
+    alive = order
+    i = 0
+    while i < len(points):
+        # Earlier points are checked too: rounding can give a dominator an equal float sum.
+        keep = (points > points[i]).any(axis=1) | (points == points[i]).all(axis=1)
+        i = int(keep[:i].sum()) + 1
+        points, alive = points[keep], alive[keep]
+    return np.sort(alive)
+
+
+def front_points(points: np.ndarray) -> np.ndarray:
+    """The distinct rows of `points` (n, d) no other row dominates (>= everywhere, > somewhere),
+    maximising."""
+    points = np.unique(np.asarray(points, dtype=np.float64).reshape(len(points), -1), axis=0)
+    return points[pareto_front(points)] if len(points) else points
+
+
+def hypervolume(points: np.ndarray) -> float:
+    """The volume of the union of the boxes [0, p] over the rows p of `points` (n, d): the
+    region the set dominates above the reference point 0, maximising; coordinates below 0
+    count as 0.
+
+    Slicing along the last objective: with the points sorted so that z_1 >= z_2 >= ... >= z_n
+    and z_{n+1} = 0, the slab z_{i+1} < z <= z_i is crossed by exactly the boxes of points
+    1..i, so HV_d = sum_i (z_i - z_{i+1}) * HV_{d-1}(points 1..i without their last
+    coordinate), and HV_1 is the largest value. Exact; O(n^d) on the front, which holds tens
+    of points where the objectives trade off."""
+    points = np.clip(np.asarray(points, dtype=np.float64), 0.0, None)
+    points = points[np.all(points > 0, axis=1)]  # a box with a zero side has no volume
+    if len(points) == 0:
+        return 0.0
+    points = front_points(points)
+    if points.shape[1] == 1:
+        return float(points.max())
+    points = points[np.argsort(-points[:, -1], kind="stable")]
+    levels = np.append(points[:, -1], 0.0)
+    return float(
+        sum(
+            (levels[i] - levels[i + 1]) * hypervolume(points[: i + 1, :-1])
+            for i in range(len(points))
+            if levels[i] > levels[i + 1]
+        )
+    )

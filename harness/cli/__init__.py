@@ -1,8 +1,8 @@
 """The `vpo` command: a face over problems, the sandbox and the solution database.
 
 Every error a user can cause is printed as one line (`vpo: error: ...`) without a traceback.
-Messages go through logging (harness/logs.py: -v, -q, a long command's log file).
-Exit status (harness/errors.py): 0 ok, 1 a candidate or campaign failed, 2 a usage error, 3 an
+Messages go through logging (harness/config/logs.py: -v, -q, a long command's log file).
+Exit status (`harness.config.errors`): 0 ok, 1 a candidate or campaign failed, 2 a usage error, 3 an
 internal error, 4 try again (the database or the model endpoint did not answer).
 
     parser.py      every command, each added by the module of its group:
@@ -22,8 +22,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from harness import logs
-from harness.errors import EXIT_INTERNAL, EXIT_OK, EXIT_TRY_AGAIN, EXIT_USAGE, UserError
+from harness.config import logs
+from harness.config.errors import EXIT_INTERNAL, EXIT_OK, EXIT_TRY_AGAIN, EXIT_USAGE, UserError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

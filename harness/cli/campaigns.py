@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from harness import logs
 from harness.cli import render
 from harness.cli.flags import SETTING_FLAGS, add_campaign_flags, add_subcommands, positive_float
 from harness.cli.programs import program_problem
-from harness.errors import UserError
+from harness.config import logs
+from harness.config.errors import UserError
 from problems.registry import load as load_problem
 
 
@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    from harness.campaign import run_campaign
+    from harness.campaign.loop import run_campaign
 
     if args.problem:  # before any database is opened or created
         program_problem(args.problem)
@@ -122,7 +122,7 @@ def _run_one(args: argparse.Namespace) -> int:
         render.print_versions(versions, objectives)
         logs.say(f"sampled by trained weights: {render.trained_share(versions)}")
     if config.price_prompt is not None or config.price_completion is not None:
-        from harness.budgets import stored_spend
+        from harness.campaign.budgets import stored_spend
 
         logs.say(stored_spend(store, campaign_id).line(config))
     logs.say(f"database: {store.where}")
@@ -143,7 +143,7 @@ def next_steps(db: str) -> str:
 def cmd_worker(args: argparse.Namespace) -> int:
     import socket
 
-    from harness.worker import run_worker
+    from harness.campaign.worker import run_worker
 
     single_process("worker")
     if args.db is None:
@@ -186,8 +186,8 @@ def effective_config(args: argparse.Namespace, *, create: bool = True) -> tuple[
 
     With `create` false nothing is written: the database is opened read-only, and the default
     one (runs/PROBLEM.db) only where it exists; store is then None when there is none."""
-    from harness.config import build
-    from harness.config_file import load_toml
+    from harness.config.files import load_toml
+    from harness.config.settings import build
     from harness.store import Store
 
     flags = {key: getattr(args, key) for key in SETTING_FLAGS}

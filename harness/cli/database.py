@@ -11,7 +11,7 @@ from typing import Any
 from harness.cli import render
 from harness.cli.campaigns import find_campaign
 from harness.cli.flags import add_subcommands, k_count, port, program_id, row_count
-from harness.errors import UserError
+from harness.config.errors import UserError
 
 
 def add_commands(commands: Any) -> None:
@@ -70,7 +70,7 @@ def _add_views(db_commands: Any) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness import status
+    from harness.inspect import status
     from harness.store import Store
 
     with Store.open(args.db, read_only=True) as store:  # a view: works on a read-only mount
@@ -85,7 +85,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from harness.dashboard import serve
+    from harness.inspect.dashboard import serve
     from harness.store import Store
 
     store = Store.open(args.db, read_only=True)
@@ -105,7 +105,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _db_view(store: Any, args: argparse.Namespace) -> int:
-    from harness import views
+    from harness.inspect import views
 
     campaign = find_campaign(store, args.name, required=True)
     command = args.db_command

@@ -1,6 +1,6 @@
 """What every command's parser shares: one-line usage errors, the argument types, and the
 campaign settings as flags, made from `CampaignConfig`'s fields so that a new setting is
-written once (harness/config.py) and every command that takes settings has its flag."""
+written once (harness/config/settings.py) and every command that takes settings has its flag."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import argparse
 from dataclasses import Field, fields
 from typing import Any, NoReturn
 
-from harness.config import CampaignConfig
-from harness.errors import UserError
+from harness.config.errors import UserError
+from harness.config.settings import CampaignConfig
 
 MAX_ROWS = 1_000_000  # `vpo db top -n`
 MAX_K = 1000  # `vpo db bestk --k`: each k is one pass over every candidate slot
-# The settings that are flags: every field made with `harness.config.setting`.
+# The settings that are flags: every field made with `harness.config.settings.setting`.
 SETTING_FLAGS = tuple(f.name for f in fields(CampaignConfig) if "help" in f.metadata)
 
 
@@ -124,7 +124,7 @@ def k_count(text: str) -> int:
 
 
 def program_id(text: str) -> int:
-    from harness.db import MAX_ID
+    from harness.store.models import MAX_ID
 
     value = positive_int(text)
     if value > MAX_ID:  # no row has it, and the SQLite driver cannot even bind it

@@ -10,7 +10,7 @@ from typing import Any
 
 from harness.cli import render
 from harness.cli.flags import positive_int
-from harness.errors import UserError
+from harness.config.errors import UserError
 from problems.api import Problem
 from problems.registry import available
 from problems.registry import load as load_problem
@@ -46,8 +46,8 @@ def cmd_problems(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from harness.evaluate import evaluate
-    from harness.sandbox import Sandbox
+    from harness.evaluation.evaluate import evaluate
+    from harness.evaluation.sandbox import Sandbox
 
     problem = program_problem(args.problem)
     code = read_program(args.file)

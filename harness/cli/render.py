@@ -96,7 +96,7 @@ class progress_reporter:  # noqa: N801 - used as a context manager, reads like a
         return self.report
 
     def report(self, iteration: int, progress: Any) -> None:
-        from harness import logs
+        from harness.config import logs
 
         line = progress.line(iteration, self.total)
         if self.bar is not None:
@@ -179,7 +179,7 @@ def print_summary(title: str, report: dict[str, Any]) -> None:
 
 
 def print_status(title: str, report: dict[str, Any]) -> None:
-    """`vpo status`: the counts, then how it is going (harness/status.py), then the best."""
+    """`vpo status`: the counts, then how it is going (harness/inspect/status.py), then the best."""
     from rich.console import Console
 
     Console().print(summary_table(title, report, status_rows(report)))

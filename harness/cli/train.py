@@ -14,10 +14,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import logs
 from harness.cli.campaigns import find_campaign
 from harness.cli.flags import positive_float, positive_int
-from harness.config import (
+from harness.config import logs
+from harness.config.errors import UserError
+from harness.config.settings import (
     ADVANTAGES,
     ANSWER_TRAINING,
     DUPLICATE_REWARDS,
@@ -33,7 +34,6 @@ from harness.config import (
     check_float,
     trained_temperature,
 )
-from harness.errors import UserError
 
 SHARDINGS = ("auto", "fsdp", "ddp", "none")  # trainer.distributed's, without importing torch
 
@@ -328,7 +328,7 @@ def _given(**values: Any) -> dict[str, Any]:
 
 
 def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Path) -> int:
-    from harness.training import train_offline
+    from harness.campaign.training import train_offline
 
     stored = build(campaign.config, where="the campaign's settings")
     # An offline pass trains a model of its own: the campaign's rollouts were sampled by other
@@ -378,7 +378,7 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
 
 
 def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
-    from harness.training import follow
+    from harness.campaign.training import follow
 
     overrides: dict[str, Any] = {
         "train_every": args.train_every,
@@ -423,7 +423,7 @@ def _joined(args: argparse.Namespace) -> Any:
 
 
 def _train_answers(args: argparse.Namespace, out: Path) -> int:
-    from harness.answers import train_answers
+    from harness.campaign.answers import train_answers
     from problems.api import AnswerProblem
     from problems.registry import load as load_problem
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from harness.errors import UserError
+from harness.config.errors import UserError
 from harness.llm.base import Completion, GenerationError, Generator, Message, Sampling, Weights
 
 __all__ = [

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from harness.errors import Unreachable, UserError
+from harness.config.errors import Unreachable, UserError
 from harness.llm.base import (
     UNMODELLED_OFF,
     Completion,

@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import UserError
+from harness.config.errors import UserError
 from harness.llm.base import (
     Completion,
     Message,

@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import UserError
+from harness.config.errors import UserError
 from harness.llm.base import (
     UNMODELLED_OFF,
     Completion,

@@ -6,8 +6,8 @@ from datetime import timedelta
 
 from sqlalchemy import delete, func, insert, select, update
 
-from harness.db import utc_now
-from harness.errors import UserError
+from harness.config.errors import UserError
+from harness.store.models import utc_now
 from harness.store.opening import Database
 from harness.store.tables import CAMPAIGN, CLAIM, GROUP, POLICY
 

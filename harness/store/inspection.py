@@ -10,8 +10,8 @@ import numpy as np
 from sqlalchemy import Select, func, inspect, select
 from sqlalchemy.engine import Connection
 
-from harness.db import PROGRAM_ORIGINS, PROGRAM_STATUSES
 from harness.records import Counts, EventRecord, ProgramRecord, Summary
+from harness.store.models import PROGRAM_ORIGINS, PROGRAM_STATUSES
 from harness.store.opening import Database
 from harness.store.tables import (
     DRAFT,

@@ -1,7 +1,7 @@
 """What each iteration's candidates measure, written with the iteration and read back as a
 series, and every candidate slot of a campaign as one array for best@k and pass@k.
 
-The definitions are `harness.measures`'s; here are the rows they read. A group recorded before
+The definitions: harness.inspect.measures; here are the rows they read. A group recorded before
 `rollout_group` had the columns (or read from such a database opened read-only, which lacks
 them) has no stored values: reading computes them from its rollouts the same way, without
 writing them.
@@ -17,12 +17,11 @@ import numpy as np
 from sqlalchemy import func, inspect, select, update
 from sqlalchemy.engine import Connection
 
-from harness.measures import parse_rate
 from harness.records import IterationMeasures
 from harness.store.opening import Database
 from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
 from harness.store.training import moved_weights
-from trainer.measures import pool_diversity
+from trainer.measures import parse_rate, pool_diversity
 
 # A rollout's parse status and the program of each of its candidate slots (None: unparsed).
 Rollout = tuple[str, Sequence[int | None]]

@@ -20,9 +20,9 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
-from harness import migrations
-from harness.db import SCHEMA_VERSION, Base, Meta, create_tables, dumps_json
-from harness.errors import SchemaError, UserError
+from harness.config.errors import SchemaError, UserError
+from harness.store import migrations
+from harness.store.models import SCHEMA_VERSION, Base, Meta, create_tables, dumps_json
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
-from harness.db import CAMPAIGN_STATUSES, utc_now
-from harness.errors import UserError
+from harness.config.errors import UserError
 from harness.records import CampaignRecord, Lineage, NewProgram, code_hash
+from harness.store.models import CAMPAIGN_STATUSES, utc_now
 from harness.store.opening import Database
 from harness.store.tables import (
     CAMPAIGN,

@@ -16,7 +16,8 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.engine import Connection
 
-from harness.db import (
+from harness.records import CampaignRecord, NewProgram, ProgramRecord
+from harness.store.models import (
     PROGRAM_ORIGINS,
     PROGRAM_STATUSES,
     Campaign,
@@ -30,7 +31,6 @@ from harness.db import (
     Trajectory,
     utc_now,
 )
-from harness.records import CampaignRecord, NewProgram, ProgramRecord
 from problems.api import MAX_SCORE
 
 CAMPAIGN = Campaign.__table__

@@ -12,9 +12,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from harness import faults
-from harness.db import utc_now
-from harness.errors import UserError
+from harness.config.errors import UserError
 from harness.records import PolicyRecord, TrainingGroup, TrainingRollout
+from harness.store.models import utc_now
 from harness.store.opening import Database
 from harness.store.tables import EVENT, GROUP, POLICY, SCORE, TRAJECTORY, log_event
 

@@ -1,0 +1,217 @@
+"""One iteration as data: what it sampled, and what became of each candidate in it.
+
+    sampled  = SampledIteration(iteration, selection, parent, prompt, completions, migrations)
+    group    = classify_group(texts, m, parent.code, seen, entry)       # pure, before evaluation
+    evaluate group.new_code                                             # the sandbox, elsewhere
+    rollouts = rollout_records(group, completions, evaluations)         # pure, what is stored
+
+`classify_group` parses every completion and gives candidate i of each rollout one outcome:
+"new" (code no one evaluated yet: evaluate it), "duplicate" (its code hash was evaluated
+before, earlier in this group or in `seen`: never evaluated twice; or the parent again, its
+`entry` function and what that reaches unchanged under new docstrings or unused helpers) or
+"unparsed" (nothing to run, with the reason). The campaign loop, its workers and
+benchmarks/harness_overhead.py all go through these functions, so what is evaluated and
+stored is decided in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from harness.campaign.parsing import ParsedCandidate, parse_completion
+from harness.campaign.selection import Selection
+from harness.llm.base import Completion, Message
+from harness.records import (
+    CandidateRecord,
+    NewProgram,
+    ProgramRecord,
+    RolloutRecord,
+    code_hash,
+    entry_key,
+)
+from problems.api import Evaluation
+
+MAX_PARSE_ERROR_CHARS = 500  # per rollout, the reasons of its unparsed candidates together
+
+Outcome = Literal["new", "duplicate", "unparsed"]
+
+
+@dataclass(frozen=True)
+class SampledIteration:
+    """Iteration k up to its evaluation: where it started (island, parent, drafts, and what the
+    population held then), the prompt, the G completions, and the programs migrating after it.
+    A skipped iteration has no completions and says why (its prompt did not fit, its request
+    failed)."""
+
+    iteration: int
+    selection: Selection
+    parent: ProgramRecord
+    prompt: list[Message]
+    completions: Sequence[Completion]
+    migrations: Sequence[tuple[int, int]]  # (program id, destination island)
+    policy_version_id: int | None = None  # the policy that sampled the completions
+    skipped: str | None = None
+    population: Mapping[str, Any] | None = None  # see harness.campaign.generation.snapshot
+
+    @property
+    def prompt_token_ids(self) -> tuple[int, ...] | None:
+        return self.completions[0].prompt_token_ids if self.completions else None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Candidate `index` (1..candidates) of one rollout, before evaluation.
+
+    `code` and `code_hash` are set for "new" and "duplicate" candidates, `reason` (one line)
+    for "unparsed" ones.
+    """
+
+    index: int
+    outcome: Outcome
+    code: str | None = None
+    code_hash: str | None = None
+    reason: str | None = None
+    lazy: bool = False  # a duplicate of the parent or of a program stored before this group
+
+
+@dataclass(frozen=True)
+class ParsedRollout:
+    """One completion's candidates, and how its parse went as a whole."""
+
+    candidates: tuple[Candidate, ...]
+    status: str  # "ok": every candidate parsed, "partial", "none"
+    error: str | None  # "i: reason; ..." for the unparsed candidates, None when all parsed
+
+
+@dataclass(frozen=True)
+class ParsedGroup:
+    """The G rollouts of one iteration, classified."""
+
+    rollouts: tuple[ParsedRollout, ...]
+
+    @property
+    def new_code(self) -> dict[str, str]:
+        """Code hash -> code of every new candidate, in first-seen order: what to evaluate."""
+        return {
+            c.code_hash: c.code
+            for rollout in self.rollouts
+            for c in rollout.candidates
+            if c.outcome == "new" and c.code_hash is not None and c.code is not None
+        }
+
+
+def classify_group(
+    texts: Sequence[str],
+    candidates: int,
+    parent_code: str,
+    seen: Container[str],
+    entry: str | None = None,
+    expand: Callable[[str], str] | None = None,
+) -> ParsedGroup:
+    """Each completion's candidates 1..`candidates`, parsed against the parent and classified
+    by code hash against `seen` (hashes evaluated before) and the candidates before them. With
+    `entry`, a candidate whose `entry_key` is the parent's is a lazy duplicate of the parent
+    (named by the parent's hash, with the reason), never evaluated: it would score exactly as
+    the parent did, and training gives a copy nothing. With `expand` (a compact form's
+    `program`), each candidate's text becomes the program it stands for; one it refuses is
+    unparsed with its reason."""
+    fresh: set[str] = set()
+    parent_hash = code_hash(parent_code)
+    parent_key = entry_key(parent_code, entry) if entry else None
+    rollouts = []
+    for text in texts:
+        parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
+        if expand is not None:
+            parsed = {index: expanded(c, expand) for index, c in parsed.items()}
+        classified = []
+        errors = []
+        for index in range(1, candidates + 1):
+            candidate = parsed.get(index)
+            if candidate is None or candidate.code is None:
+                reason = candidate.error if candidate else f"no candidate {index} in the completion"
+                classified.append(Candidate(index, "unparsed", reason=reason))
+                errors.append(f"{index}: {reason}")
+            elif "\x00" in candidate.code:
+                # The database cannot store it, and no scorer wants it.
+                classified.append(
+                    Candidate(index, "unparsed", reason="the code contains a NUL byte")
+                )
+                errors.append(f"{index}: NUL byte")
+            elif (
+                parent_key is not None
+                and entry is not None
+                and code_hash(candidate.code) != parent_hash
+                and entry_key(candidate.code, entry) == parent_key
+            ):
+                reason = (
+                    f"the current program again: `{entry}` and what it calls are unchanged "
+                    "(only docstrings, comments or code it never calls differ)"
+                )
+                classified.append(
+                    Candidate(index, "duplicate", candidate.code, parent_hash, reason, lazy=True)
+                )
+            else:
+                digest = code_hash(candidate.code)
+                lazy = digest in seen or digest == parent_hash
+                outcome: Outcome = "duplicate" if lazy or digest in fresh else "new"
+                fresh.add(digest)
+                classified.append(Candidate(index, outcome, candidate.code, digest, lazy=lazy))
+        parsed_count = sum(1 for c in classified if c.outcome != "unparsed")
+        status = "ok" if parsed_count == candidates else ("partial" if parsed_count else "none")
+        error = "; ".join(errors)[:MAX_PARSE_ERROR_CHARS] or None
+        rollouts.append(ParsedRollout(tuple(classified), status, error))
+    return ParsedGroup(tuple(rollouts))
+
+
+def expanded(candidate: ParsedCandidate, expand: Callable[[str], str]) -> ParsedCandidate:
+    """A parsed candidate in a compact form as the program it stands for, or unparsed with the
+    form's reason."""
+    if candidate.code is None:
+        return candidate
+    try:
+        return replace(candidate, code=expand(candidate.code))
+    except ValueError as error:
+        return replace(candidate, code=None, kind="none", error=str(error))
+
+
+def rollout_records(
+    group: ParsedGroup, completions: Sequence[Completion], evaluations: Mapping[str, Evaluation]
+) -> list[RolloutRecord]:
+    """What the store writes for each completion: its new candidates as programs with their
+    evaluation (`evaluations` by code hash), the others by outcome, hash and reason."""
+    return [
+        RolloutRecord(
+            completion.text,
+            completion.token_ids,
+            completion.logprobs,
+            completion.finish_reason,
+            rollout.status,
+            rollout.error,
+            [_stored(c, evaluations) for c in rollout.candidates],
+        )
+        for completion, rollout in zip(completions, group.rollouts, strict=True)
+    ]
+
+
+def _stored(candidate: Candidate, evaluations: Mapping[str, Evaluation]) -> CandidateRecord:
+    c = candidate
+    if c.outcome != "new":
+        return CandidateRecord(c.index, c.outcome, None, c.code_hash, c.reason, lazy=c.lazy)
+    assert c.code is not None and c.code_hash is not None
+    program = new_program(c.code, evaluations[c.code_hash])
+    return CandidateRecord(c.index, "new", program, c.code_hash)
+
+
+def new_program(code: str, evaluation: Evaluation) -> NewProgram:
+    """An evaluated candidate as the store takes it."""
+    return NewProgram(
+        code=code,
+        status=evaluation.status,
+        scores=dict(evaluation.scores),
+        raw=dict(evaluation.raw),
+        error=evaluation.reason,
+        eval_seconds=evaluation.seconds,
+        metrics={"artifacts": dict(evaluation.artifacts)},
+    )

@@ -1,0 +1,421 @@
+"""The campaign loop, top to bottom: select -> prompt -> generate -> parse -> evaluate -> store.
+
+One iteration picks a parent (and drafts) on one island, builds one prompt, samples G rollouts
+of `candidates` candidates each, classifies them (`iteration`), evaluates the new ones
+in the sandbox and stores the group, its rollouts and programs in one transaction. Iterations
+run `concurrency` at a time (`harness.campaign.generation`: one batched generate call in process,
+concurrent requests to a server), and a batch generates while the one before it is evaluated
+and stored by a background thread, so the generator is not idle while candidates run.
+
+The database is the checkpoint: the iterations done are the recorded groups (a skipped
+iteration is a group too, with its reason), the random stream of iteration k depends only on
+(seed, k), and a killed run loses at most the iterations in flight; the resumed run does the
+numbers below the budget that have no group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from harness.campaign.budgets import Spend, counts_spend, stored_spend
+from harness.campaign.generation import FailureStreak, describe, loop_settings, sample_batch
+from harness.campaign.iteration import (
+    ParsedGroup,
+    SampledIteration,
+    classify_group,
+    new_program,
+    rollout_records,
+)
+from harness.campaign.population import Population
+from harness.campaign.progress import Progress
+from harness.campaign.run import CampaignRun, refresh_population
+from harness.campaign.trackers import check_installed, open_reporter
+from harness.campaign.training import (
+    base_generator,
+    check_backend,
+    maybe_train,
+    start_trainer,
+    trainer_generator,
+    untrained_note,
+)
+from harness.config.errors import IterationRecorded, UserError
+from harness.config.settings import CampaignConfig
+from harness.evaluation.evaluate import evaluate, evaluate_many
+from harness.evaluation.sandbox import Limits, Sandbox
+from harness.llm import Generator
+from harness.records import CampaignRecord, NewGroup, ProgramRecord
+from harness.store import Store
+from problems.api import Compact, Evaluation, Problem
+
+GENERATION_RETRIES = 3
+
+log = logging.getLogger(__name__)
+
+
+def open_campaign(store: Store, config: CampaignConfig, problem: Problem) -> int:
+    name = config.name or problem.name
+    existing = store.get_campaign(name)
+    if existing is None:
+        campaign_id = store.create_campaign(name, problem.name, config.to_dict(), config.seed)
+    else:
+        if existing.problem != problem.name:
+            raise UserError(
+                f"campaign {name!r} in {store.where} runs problem {existing.problem!r}, "
+                f"not {problem.name!r}; pick another --name"
+            )
+        campaign_id = existing.id
+        store.record_event(campaign_id, "resumed", {"config": config.to_dict()})
+    store.set_campaign_status(campaign_id, "running")
+    return campaign_id
+
+
+def ensure_seed(
+    store: Store, campaign_id: int, problem: Problem, sandbox: Sandbox, limits: Limits
+) -> ProgramRecord:
+    """The seed program, evaluated and stored once per campaign (never again on resume)."""
+    seeds = store.programs(campaign_id, origin="seed", limit=1)
+    if seeds:
+        return seeds[0]
+    evaluation = evaluate(problem, problem.seed_program, sandbox, limits)
+    seed = new_program(problem.seed_program, evaluation)
+    program_id = store.add_program(campaign_id, seed, the_seed=True)
+    record = store.program(program_id)
+    assert record is not None
+    return record
+
+
+def run_campaign(
+    config: CampaignConfig,
+    store: Store,
+    problem: Problem,
+    *,
+    generator: Generator | None = None,
+    on_progress: Callable[[int, Progress], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> int:
+    """Run (or resume) the campaign up to `config.iterations` iterations; return its id.
+    `say` hears one line on how it generates (backend, model, iterations in flight, prompt
+    budget) once the generator is up.
+
+    A run that fails or is interrupted before it records an iteration of an existing campaign
+    leaves the campaign's status as it was: a finished campaign whose extension could not
+    start its model is still finished, not failed."""
+    before = store.get_campaign(config.name or problem.name)
+    done_before = store.iterations_done(before.id) if before is not None else 0
+    counted = before is not None and counts_spend(config)
+    spend = stored_spend(store, before.id) if counted else Spend()
+    stop = spend.stop_reason(config)
+    if stop is not None and before is not None and done_before < config.iterations:
+        if say:
+            say(stop)  # nothing to do until the budget is raised: no model to load
+        return before.id
+    check_installed(config.report_to)
+    if generator is None and done_before < config.iterations:
+        check_backend(config)  # before the campaign is touched
+    campaign_id = open_campaign(store, config, problem)
+    owns_generator = generator is None
+    campaign: CampaignRun | None = None
+    try:
+        with Sandbox(workers=config.sandbox_workers) as sandbox:
+            campaign = prepare(config, store, problem, campaign_id, sandbox)
+            campaign.spend = spend if counts_spend(config) else None
+            name = config.name or problem.name
+            campaign.reporter = open_reporter(config, store, campaign_id, name, campaign.objectives)
+            if store.missing_iterations(campaign_id, config.iterations):
+                campaign.trainer = start_trainer(
+                    config, store, campaign_id, name, campaign.objectives
+                )
+                if generator is None and campaign.trainer is not None:
+                    generator = trainer_generator(config, campaign.trainer)
+                elif generator is None:
+                    generator = base_generator(config)
+                evolve(campaign, generator, on_progress, say=say)
+            elif config.train_every and store.untrained_count(campaign_id) >= config.train_every:
+                # Killed after recording its last iteration, before training on the last
+                # groups: train on them now (no generator to start, nothing left to sample).
+                campaign.trainer = start_trainer(
+                    config, store, campaign_id, name, campaign.objectives
+                )
+                if train(campaign, None) and on_progress:
+                    on_progress(config.iterations, campaign.progress)
+            if config.train_every:
+                # The groups after the last step wait for an extended run (a step is worth its
+                # cost only when rollouts are sampled from it): say how many.
+                note = untrained_note(store, campaign_id, config.train_every)
+                if note is not None:
+                    (say or log.info)(note)
+        store.set_campaign_status(campaign_id, "finished")
+    except KeyboardInterrupt:
+        _settle_status(store, campaign_id, "stopped", before, done_before)
+        raise
+    except BaseException:
+        _settle_status(store, campaign_id, "failed", before, done_before)
+        raise
+    finally:
+        if campaign is not None and campaign.reporter is not None:
+            campaign.reporter.close()
+        if owns_generator and generator is not None:
+            generator.close()
+    return campaign_id
+
+
+def _settle_status(
+    store: Store, campaign_id: int, status: str, before: CampaignRecord | None, done_before: int
+) -> None:
+    """`status` for a run that ended early, unless it recorded nothing of an existing campaign:
+    that one keeps the status it had before this run."""
+    if before is not None and store.iterations_done(campaign_id) == done_before:
+        status = before.status
+    store.set_campaign_status(campaign_id, status)
+
+
+def prepare(
+    config: CampaignConfig, store: Store, problem: Problem, campaign_id: int, sandbox: Sandbox
+) -> CampaignRun:
+    """The seed stored once, and the population and code hashes loaded from the database."""
+    limits = Limits(
+        wall_seconds=config.time_limit or float(problem.time_limit),
+        memory_mb=int(problem.memory_mb),
+    )
+    compact = compact_form(config, problem)
+    seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
+    objectives = [o.name for o in problem.objectives]
+    campaign = CampaignRun(
+        config,
+        problem,
+        store,
+        campaign_id,
+        sandbox,
+        limits,
+        seed.id,
+        objectives,
+        Population(objectives),
+        set(store.code_hashes(campaign_id)),
+        compact=compact,
+    )
+    refresh_population(campaign)
+    return campaign
+
+
+def compact_form(config: CampaignConfig, problem: Problem) -> Compact | None:
+    """The problem's compact form when the config asks for it (None for whole programs); a
+    problem without one is a one-line error."""
+    if config.form != "compact":
+        return None
+    if problem.compact is None:
+        raise UserError(
+            f"problem {problem.name} has no compact form: its candidates are whole programs"
+            ' (form = "program")'
+        )
+    return problem.compact
+
+
+def evolve(
+    campaign: CampaignRun,
+    generator: Generator,
+    on_progress: Callable[[int, Progress], None] | None,
+    *,
+    overlap: bool = True,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """The iterations below the budget not recorded yet, `concurrency` at a time: a batch
+    generates while the one before it is evaluated and stored (each iteration in its own
+    transaction), and training steps run between batches. With `overlap` off a batch is
+    stored before the next generates (a sequential harness, for benchmarks/generator_busy.py).
+
+    A campaign that trains and samples after each step (`sample_after_step`, the default for
+    in-process backends) stores a batch and takes the steps its groups allow before the next
+    batch generates, so every batch is sampled by the newest version; otherwise the next batch
+    generates while the one before is evaluated, and is sampled one step behind.
+    """
+    config = campaign.config
+    settings = loop_settings(config, generator)
+    fresh = campaign.trainer is not None and sample_after_step(config, generator)
+    if say:
+        line = describe(generator, settings)
+        if campaign.trainer is not None:
+            order = "after the steps on the batch before" if fresh else "one step behind"
+            line = f"{line}; each batch sampled {order}"
+        say(line)
+    todo = campaign.store.missing_iterations(campaign.campaign_id, config.iterations)
+    streak = FailureStreak(config.max_failures)
+    width = settings.concurrency
+    # Tokens generated so far, the batches of this run counted as they are sampled.
+    spent = campaign.store.summary(campaign.campaign_id).tokens if config.token_budget else 0
+    with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
+        pending: Future[None] | None = None
+        for start in range(0, len(todo), width):
+            if config.token_budget and spent >= config.token_budget:
+                if say:
+                    say(f"token budget spent: {spent} of {config.token_budget} tokens generated")
+                break
+            stop = campaign.spend.stop_reason(config) if campaign.spend else None
+            if stop is not None:
+                if say:
+                    say(stop)  # once the batch in flight is stored, below
+                break
+            if fresh and pending is not None:  # the steps this batch allows, before the next
+                pending.result()
+                pending = None
+                train(campaign, generator)
+            version = campaign.trainer.version_id if campaign.trainer else None
+            batch = sample_batch(
+                campaign, generator, todo[start : start + width], settings, version
+            )
+            spent += sum(len(c.token_ids) for sampled in batch for c in sampled.completions)
+            if campaign.spend is not None:
+                campaign.spend.add(batch)  # counted once sampled: it is stored below
+            if pending is not None:
+                pending.result()  # the batch before is stored before this one
+                train(campaign, generator)
+            streak.update(batch)
+            pending = evaluator.submit(_store_and_report, campaign, batch, on_progress)
+            if streak.reached:
+                pending.result()  # the skipped iterations are recorded, with their reasons
+                raise streak.error()
+            if not overlap:
+                pending.result()
+        if pending is not None:
+            pending.result()
+            if train(campaign, generator) and on_progress:
+                on_progress(config.iterations, campaign.progress)  # show the last step too
+
+
+def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:
+    """Whether each batch waits for the steps on the one before it. `auto`: yes where the
+    engine shares the trainer's process (its cores, or its GPU), which idles while a step runs
+    either way, so waiting costs only the overlap of one batch's evaluation with the next
+    one's generation; no for a server."""
+    if config.sample_after_step == "auto":
+        return generator.in_process
+    return config.sample_after_step == "on"
+
+
+def _store_and_report(
+    campaign: CampaignRun,
+    batch: Sequence[SampledIteration],
+    on_progress: Callable[[int, Progress], None] | None,
+) -> None:
+    """The evaluation thread's job: evaluate a batch and store its iterations, reporting each
+    at once (not when the next generation ends, which on a CPU is minutes later)."""
+    for sampled in evaluate_and_store(campaign, batch):
+        if campaign.reporter is not None:
+            campaign.reporter.iteration(campaign.progress)
+        if on_progress:
+            on_progress(sampled.iteration + 1, campaign.progress)
+
+
+def train(campaign: CampaignRun, generator: Generator | None) -> bool:
+    """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
+    share the weights being trained): one in the steady state, more when a resumed run finds
+    the groups a killed one recorded but did not train on; True when any ran. A step that
+    changed no weight is said once, as a warning with its reason, and then only counted on
+    the progress line; the campaign goes on."""
+    if campaign.trainer is None:
+        return False
+    ran = False
+    while (metrics := maybe_train(campaign.trainer, generator)) is not None:
+        ran = True
+        if metrics.skipped is not None:
+            campaign.progress.steps_skipped += 1
+            log.warning("vpo: training %s", metrics.line())
+            continue
+        campaign.progress.train = metrics.line()
+        if campaign.reporter is not None:
+            campaign.reporter.train_step(metrics)
+    return ran
+
+
+def evaluate_and_store(
+    campaign: CampaignRun,
+    batch: Sequence[SampledIteration],
+    *,
+    lost: Callable[[SampledIteration], None] | None = None,
+) -> Iterator[SampledIteration]:
+    """Classify the candidates of a batch, evaluate the new ones in the sandbox pool all
+    together, then store each iteration in its own transaction, in order, yielding each once
+    stored. A candidate two iterations of the batch share is evaluated once.
+
+    `lost`: called for an iteration another process recorded first (a worker whose claim ran
+    out), which is then passed over; without it that is an error."""
+    fresh: set[str] = set()
+    groups = []
+    for sampled in batch:
+        group = classify_group(
+            [completion.text for completion in sampled.completions],
+            campaign.config.candidates,
+            sampled.parent.code,
+            _Either(campaign.seen, fresh),
+            campaign.problem.entry,
+            campaign.compact.program if campaign.compact else None,
+        )
+        fresh.update(group.new_code)
+        groups.append(group)
+    code = {digest: text for group in groups for digest, text in group.new_code.items()}
+    evaluations = evaluate_many(
+        campaign.problem, list(code.values()), campaign.sandbox, campaign.limits
+    )
+    by_hash = dict(zip(code, evaluations, strict=True))
+    for sampled, group in zip(batch, groups, strict=True):
+        try:
+            store_iteration(campaign, sampled, group, {h: by_hash[h] for h in group.new_code})
+        except IterationRecorded:
+            if lost is None:
+                raise
+            lost(sampled)
+            continue
+        yield sampled
+
+
+class _Either:
+    """Membership in either of two sets, without copying them."""
+
+    def __init__(self, first: Container[str], second: Container[str]) -> None:
+        self.first, self.second = first, second
+
+    def __contains__(self, item: object) -> bool:
+        return item in self.first or item in self.second
+
+
+def store_iteration(
+    campaign: CampaignRun,
+    sampled: SampledIteration,
+    group: ParsedGroup,
+    evaluations: Mapping[str, Evaluation],
+) -> None:
+    """The group, its rollouts and its new programs (`evaluations` by code hash) in one
+    transaction; then this run's code hashes and progress."""
+    selection = sampled.selection
+    rollouts = rollout_records(group, sampled.completions, evaluations)
+    campaign.store.record_iteration(
+        campaign.campaign_id,
+        NewGroup(
+            iteration=sampled.iteration,
+            island=selection.island,
+            parent_id=selection.parent_id,
+            draft_ids=selection.draft_ids,
+            prompt=sampled.prompt,
+            prompt_token_ids=sampled.prompt_token_ids,
+            rollouts=rollouts,
+            policy_version_id=sampled.policy_version_id,
+            skipped=sampled.skipped,
+            population=sampled.population,
+        ),
+        migrations=sampled.migrations,
+    )
+    campaign.seen.update(group.new_code)
+    progress = campaign.progress
+    progress.iterations += 1
+    progress.skipped += sampled.skipped is not None
+    progress.evaluations += len(evaluations)
+    progress.rollouts += len(rollouts)
+    progress.parsed += sum(r.parse_status == "ok" for r in rollouts)
+    changed = campaign.trainer.changed_from if campaign.trainer else None
+    if changed is not None and (sampled.policy_version_id or 0) >= changed:
+        progress.trained += len(rollouts)
+    for evaluation in evaluations.values():
+        if evaluation.status == "ok":
+            for name, value in evaluation.scores.items():
+                progress.best[name] = max(progress.best.get(name, 0.0), value)

@@ -1,0 +1,56 @@
+"""Everything one run of a campaign works with, and the refresh of its population from the
+database (the programs this or any other process stored since)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from harness.campaign.population import Population
+from harness.campaign.progress import Progress
+from harness.config.settings import CampaignConfig
+from harness.evaluation.sandbox import Limits, Sandbox
+from harness.store import Store
+from problems.api import Compact, Problem
+
+if TYPE_CHECKING:
+    from harness.campaign.budgets import Spend
+    from harness.campaign.trackers import Reporter
+    from harness.campaign.training import CampaignTrainer
+
+
+@dataclass
+class CampaignRun:
+    """Everything one run of a campaign works with (the campaign itself is in the database)."""
+
+    config: CampaignConfig
+    problem: Problem
+    store: Store
+    campaign_id: int
+    sandbox: Sandbox
+    limits: Limits
+    seed_id: int
+    objectives: list[str]
+    population: Population
+    seen: set[str]  # code hashes evaluated already: duplicates are never evaluated twice
+    progress: Progress = field(default_factory=Progress)
+    last_program_id: int = 0
+    trainer: CampaignTrainer | None = None  # set when the campaign trains (train_every > 0)
+    reporter: Reporter | None = None  # set when the campaign reports to trackers (report_to)
+    spend: Spend | None = None  # the tokens stored and in flight, when budgeted or priced
+    compact: Compact | None = None  # the problem's compact form, when `form = "compact"`
+
+
+def refresh_population(campaign: CampaignRun) -> None:
+    """Append the programs stored since the last refresh (by this or any other process)."""
+    ids, islands, valid, scores, hashes = campaign.store.program_vectors(
+        campaign.campaign_id, campaign.objectives, after_id=campaign.last_program_id
+    )
+    if not len(ids):
+        return
+    campaign.population.extend(ids, islands, scores, valid=valid, code_hashes=hashes)
+    if valid.any():
+        best = campaign.progress.best
+        for name, value in zip(campaign.objectives, scores[valid].max(axis=0), strict=True):
+            best[name] = max(best.get(name, 0.0), float(value))
+    campaign.last_program_id = int(ids[-1])
