@@ -172,6 +172,14 @@ class Problem(ABC):
     # The compact answer form, where the problem has one (`[sampling] form = "compact"`).
     compact: Compact | None = None
 
+    def family(self, code: str) -> str | None:
+        """A key naming the family of programs `code` belongs to: two programs of one family
+        score alike once evaluated (an equation and the same equation with its constants
+        written otherwise), so a candidate of its parent's family, or of a program the run
+        stored, is a lazy duplicate and is never evaluated. None (the default): compared by
+        code alone."""
+        return None
+
     def calls(self) -> Sequence[Call]:
         """The calls to make; by default one call without arguments that scores every objective."""
         return (Call("main", (), tuple(o.name for o in self.objectives)),)

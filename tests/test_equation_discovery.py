@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import in_a_candidates_sight
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.evaluation.evaluate import evaluate, evaluate_many
@@ -607,3 +607,42 @@ def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
     user = build_prompt(problem, better, [seed], candidates=2)[1]["content"]
     assert "def equation(x: np.ndarray, v: np.ndarray, params: np.ndarray)" in user
     assert "fit_id 0.8" in user and "best known 7.89e-08" in user
+
+
+def test_an_equations_family_ignores_how_its_constants_are_written() -> None:
+    from problems.equation_discovery.family import family_key
+
+    inputs = ("x", "v")
+    seed = family_key("params[0] * x + params[1] * v + params[2]", inputs)
+    assert seed == "c*1 + c*v + c*x"
+    for same in (
+        "params[0] * x + params[1] * v + params[2] + params[8] + params[9] - params[9]",
+        "params[3] * (x + params[4]) + v * params[1]",
+        "params[0] * x + params[5] * x + params[1] * v + params[2] / params[7]",
+        "(params[0] * x + params[1] * v) - -params[2]",
+    ):
+        assert family_key(same, inputs) == seed, same
+    for other in (
+        "params[0] * x + params[1] * v",  # no constant term
+        "params[0] * x + params[1] * v + params[2] + params[3] * x * v",
+        "params[0] * x + params[1] * v ** 2 + params[2]",
+        "2 * x + params[1] * v + params[2]",  # a fixed coefficient is not a free one
+        "params[0] * np.sin(x) + params[1] * v + params[2]",
+    ):
+        assert family_key(other, inputs) not in (seed, None), other
+    assert family_key("params[1] * np.sin(params[2] * x)", inputs) == family_key(
+        "params[7] * np.sin(params[0] * x)", inputs
+    )
+    # What it cannot read has no key (compared by code alone); nothing is evaluated.
+    for unread in ("x if v else 1", "__import__('os').system('true')", "params[i] * x", "x +"):
+        assert family_key(unread, inputs) is None, unread
+    assert family_key(" * ".join(["(x + v)"] * 12), inputs) is None  # 2^12 terms: too many
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="xv+-*/() .0123456789paramsnpi[]", max_size=60))
+def test_the_family_key_reads_any_text_without_failing(text: str) -> None:
+    from problems.equation_discovery.family import family_key
+
+    key = family_key(text, ("x", "v"))
+    assert key is None or isinstance(key, str)

@@ -249,3 +249,45 @@ def test_the_parent_under_a_new_docstring_is_a_lazy_duplicate_of_the_parent() ->
     assert group.new_code == {code_hash(new): new}
     # Without an entry, only the code hash judges: all three are new programs.
     assert outcomes(classify_group(texts, 3, SEED, seen=set())) == [["new", "new", "new"]]
+
+
+# -- equation families: a candidate that only rewrites its parent's constants -------------------
+
+
+def test_a_candidate_padding_its_parent_with_constants_is_a_lazy_duplicate() -> None:
+    """What the VPO grid's policy learned (benchmarks/results/discovery.md): new code, so not a
+    duplicate by hash, scoring what the parent did. Its family gives it away before the
+    sandbox, and a family stored before is lazy too; one a candidate brought earlier in the
+    batch is a plain duplicate of it."""
+    from problems.registry import load
+
+    problem = load("equation_discovery:oscillator1")
+    compact = problem.compact
+    assert compact is not None
+    parent = compact.program("params[0] * x + params[1] * v + params[2]")
+    padded = "params[0] * x + params[1] * v + params[2] + params[8] + params[9] - params[9]"
+    new = "params[0] * x + params[1] * v + params[2] + params[3] * x ** 3"
+    renamed = "params[4] * x ** 3 + params[2] + v * params[1] + params[0] * x"
+    stored = "params[0] * np.sin(x) + params[1]"
+    known = {problem.family(compact.program(stored)) or "": "f" * 64}
+    fresh: dict[str, str] = {}
+    texts = [f"<candidate_1>\n{a}\n</candidate_1>\n<candidate_2>\n{b}\n</candidate_2>" for a, b in (
+        (padded, new), (renamed, "params[5] * np.sin(x) - params[3]")
+    )]  # fmt: skip
+    group = classify_group(
+        texts, 2, parent, set(), problem.entry, compact.program,
+        family=problem.family, families=known, fresh_families=fresh,
+    )  # fmt: skip
+    (lazy, first), (again, old) = (r.candidates for r in group.rollouts)
+    assert (lazy.outcome, lazy.lazy, lazy.code_hash) == ("duplicate", True, code_hash(parent))
+    assert lazy.reason and "the same family as program" in lazy.reason
+    assert (first.outcome, first.lazy) == ("new", False) and first.family is not None
+    assert (again.outcome, again.lazy, again.code_hash) == ("duplicate", False, first.code_hash)
+    assert (old.outcome, old.lazy, old.code_hash) == ("duplicate", True, "f" * 64)
+    assert fresh == {first.family: first.code_hash}
+    assert list(group.new_code) == [first.code_hash]  # one evaluation for the four
+
+
+def test_without_a_family_every_new_text_is_new() -> None:
+    group = classify_group([answer("a = 1", "a = 1 + 0")], 2, PARENT, set(), family=lambda _: None)
+    assert outcomes(group) == [["new", "new"]]

@@ -74,6 +74,7 @@ class Candidate:
     code_hash: str | None = None
     reason: str | None = None
     lazy: bool = False  # a duplicate of the parent or of a program stored before this group
+    family: str | None = None  # a new candidate's family key (Problem.family), where it has one
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,9 @@ def classify_group(
     seen: Container[str],
     entry: str | None = None,
     expand: Callable[[str], str] | None = None,
+    family: Callable[[str], str | None] | None = None,
+    families: Mapping[str, str] | None = None,
+    fresh_families: dict[str, str] | None = None,
 ) -> ParsedGroup:
     """Each completion's candidates 1..`candidates`, parsed against the parent and classified
     by code hash against `seen` (hashes evaluated before) and the candidates before them. With
@@ -116,10 +120,16 @@ def classify_group(
     (named by the parent's hash, with the reason), never evaluated: it would score exactly as
     the parent did, and training gives a copy nothing. With `expand` (a compact form's
     `program`), each candidate's text becomes the program it stands for; one it refuses is
-    unparsed with its reason."""
+    unparsed with its reason. With `family` (`Problem.family`), a candidate of the parent's
+    family, or of one in `families` (key -> the code hash of a program stored before), is a
+    lazy duplicate of that program, never evaluated; one of a family a candidate before it in
+    the batch brought (`fresh_families`, which this fills) is a duplicate of that one."""
     fresh: set[str] = set()
     parent_hash = code_hash(parent_code)
     parent_key = entry_key(parent_code, entry) if entry else None
+    parent_family = family(parent_code) if family else None
+    families = families or {}
+    fresh_families = {} if fresh_families is None else fresh_families
     rollouts = []
     for text in texts:
         parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
@@ -155,9 +165,26 @@ def classify_group(
             else:
                 digest = code_hash(candidate.code)
                 lazy = digest in seen or digest == parent_hash
+                key = None if lazy or digest in fresh or not family else family(candidate.code)
+                if key is not None and (key == parent_family or key in families):
+                    same = parent_hash if key == parent_family else families[key]
+                    reason = f"the same family as program {same[:12]}: {key}"[:200]
+                    classified.append(
+                        Candidate(index, "duplicate", candidate.code, same, reason, lazy=True)
+                    )
+                    continue
+                if key is not None and key in fresh_families:
+                    reason = f"the same family as a candidate before it: {key}"[:200]
+                    same = fresh_families[key]
+                    classified.append(Candidate(index, "duplicate", candidate.code, same, reason))
+                    continue
                 outcome: Outcome = "duplicate" if lazy or digest in fresh else "new"
                 fresh.add(digest)
-                classified.append(Candidate(index, outcome, candidate.code, digest, lazy=lazy))
+                if key is not None:
+                    fresh_families[key] = digest
+                classified.append(
+                    Candidate(index, outcome, candidate.code, digest, lazy=lazy, family=key)
+                )
         parsed_count = sum(1 for c in classified if c.outcome != "unparsed")
         status = "ok" if parsed_count == candidates else ("partial" if parsed_count else "none")
         error = "; ".join(errors)[:MAX_PARSE_ERROR_CHARS] or None

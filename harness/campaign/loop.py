@@ -341,6 +341,7 @@ def evaluate_and_store(
     `lost`: called for an iteration another process recorded first (a worker whose claim ran
     out), which is then passed over; without it that is an error."""
     fresh: set[str] = set()
+    fresh_families: dict[str, str] = {}
     groups = []
     for sampled in batch:
         group = classify_group(
@@ -350,6 +351,9 @@ def evaluate_and_store(
             _Either(campaign.seen, fresh),
             campaign.problem.entry,
             campaign.compact.program if campaign.compact else None,
+            family=campaign.problem.family,
+            families=campaign.families,
+            fresh_families=fresh_families,
         )
         fresh.update(group.new_code)
         groups.append(group)
@@ -406,6 +410,10 @@ def store_iteration(
         migrations=sampled.migrations,
     )
     campaign.seen.update(group.new_code)
+    for rollout in group.rollouts:
+        for c in rollout.candidates:
+            if c.family is not None and c.code_hash is not None:
+                campaign.families.setdefault(c.family, c.code_hash)
     progress = campaign.progress
     progress.iterations += 1
     progress.skipped += sampled.skipped is not None

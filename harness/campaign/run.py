@@ -33,6 +33,8 @@ class CampaignRun:
     objectives: list[str]
     population: Population
     seen: set[str]  # code hashes evaluated already: duplicates are never evaluated twice
+    # Family key (Problem.family) -> the code hash of the first program of it this run stored.
+    families: dict[str, str] = field(default_factory=dict)
     progress: Progress = field(default_factory=Progress)
     last_program_id: int = 0
     trainer: CampaignTrainer | None = None  # set when the campaign trains (train_every > 0)

@@ -56,6 +56,7 @@ import numpy as np
 from problems.api import MAX_SCORE, Anchor, Call, Infeasible, Objective, Problem
 from problems.equation_discovery import size as equation_size
 from problems.equation_discovery.expression import Expression
+from problems.equation_discovery.family import family_key
 
 DATA = Path(__file__).parent / "data"
 DRIVER = (Path(__file__).parent / "driver.py").read_text()
@@ -404,6 +405,12 @@ class EquationDiscovery(Problem):
             example,
             lambda body: _program(spec, body, f"{spec.target.capitalize()}."),
         )
+
+    def family(self, code: str) -> str | None:
+        """The equation family of the expression `equation` returns (family.py); None for a
+        program of another shape."""
+        part = self.compact.part(code)
+        return None if part is None else family_key(part, self.compact.inputs)
 
     def calls(self) -> tuple[Call, ...]:
         train = dataset(self.spec.key)["train"]
