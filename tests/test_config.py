@@ -10,7 +10,8 @@ import pytest
 
 from harness.config.errors import UserError
 from harness.config.files import load_toml
-from harness.config.settings import FLOAT_RANGES, CampaignConfig, build
+from harness.config.settings import CampaignConfig, build
+from harness.config.values import FLOAT_RANGES
 
 
 def test_defaults_are_what_a_user_would_pick() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.config.settings import AnswerSettings
+from harness.config.training import AnswerSettings
 from harness.llm.base import Completion, Sampling
 from problems.api import AnswerProblem
 from trainer.measures import best_at_k, pass_at_k, pool_diversity

@@ -53,14 +53,8 @@ from harness.campaign.publish import (
     step_name,
 )
 from harness.config.errors import UserError
-from harness.config.settings import (
-    DEFAULT_CONCURRENCY,
-    FOLLOW_EVERY,
-    CampaignConfig,
-    OfflineSettings,
-    TrainSettings,
-    build,
-)
+from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig, build
+from harness.config.training import FOLLOW_EVERY, OfflineSettings, TrainSettings
 from harness.records import CampaignRecord, TrainingGroup
 
 if TYPE_CHECKING:

@@ -20,20 +20,22 @@ from harness.config import logs
 from harness.config.errors import UserError
 from harness.config.settings import (
     ADVANTAGES,
-    ANSWER_TRAINING,
     DUPLICATE_REWARDS,
-    FOLLOW_EVERY,
     FORMAT_REWARDS,
     GRADIENT_CHECKPOINTING,
-    LORA_LEARNING_RATE,
     OLD_LOGPROBS,
+    build,
+)
+from harness.config.training import (
+    ANSWER_TRAINING,
+    FOLLOW_EVERY,
+    LORA_LEARNING_RATE,
     AnswerSettings,
     OfflineSettings,
     TrainSettings,
-    build,
-    check_float,
     trained_temperature,
 )
+from harness.config.values import check_float
 
 SHARDINGS = ("auto", "fsdp", "ddp", "none")  # trainer.distributed's, without importing torch
 

@@ -1,9 +1,13 @@
 """Settings and what every room shares:
 
-    settings   every knob once, with its default, check and help (`CampaignConfig`, `build`)
+    settings   every campaign knob once, with its default, check and help (`CampaignConfig`,
+               `build`)
+    training   how a policy learns wherever it is trained (`TrainSettings`), and the offline
+               and answer-problem commands' settings
+    values     the float ranges, the one-line checks of a value, TOML writing of one
     files      the TOML file: sections, unknown keys, a campaign's stored settings
     logs       the run's log file and one-line messages
     errors     UserError, CampaignFailed: what a user is told in one line
 
-Imports nothing else from the harness but records.
+Imports nothing else from the harness.
 """

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import UserError
-from harness.config.settings import KEYS, _nearest
+from harness.config.settings import KEYS
+from harness.config.values import nearest as _nearest
 
 # The sections, for people: a key stands at the top of the file or
 # in its own section. The keys of no section (problem, name, seed, ...) stand at the top only.

@@ -13,15 +13,23 @@ How a policy learns is `TrainSettings`, the same wherever it is trained; `Offlin
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from harness.config.errors import UserError
+from harness.config.training import PROMPT_ROOM_TOKENS, TrainSettings, trained_temperature
+from harness.config.values import (
+    FLOAT_RANGES,
+    POSITIVE_FLOATS,
+    check_float,
+    check_positive,
+    list_of_names,
+    nearest,
+    require,
+    toml_value,
+)
 
 # "auto": vllm where it is installed, else transformers (harness.campaign.training.resolve_backend).
 BACKENDS = ("auto", "transformers", "vllm", "openai")
@@ -54,22 +62,6 @@ TRAINING = "training (VPO inside the campaign)"
 REPORTING = "reporting and budgets (run settings: change them freely on resume)"
 # Prices (dollars per million tokens) and budgets are unset (None) or a positive number; the
 # upper end keeps a cost finite.
-POSITIVE_FLOATS = ("price_prompt", "price_completion", "max_cost")
-MAX_POSITIVE = 1e12
-
-# Every float setting's range, checked in one place (`check_float`): (low, high, whether low
-# itself is allowed, the range in words). NaN and infinity are outside every range; TOML
-# writes them `nan` and `inf`, and they would pass a bare `>= 0`. The upper ends keep values
-# usable downstream: the sandbox turns time_limit into an integer rlimit, and a Dirichlet
-# alpha past about 1e30 draws NaN weights (beyond 1e6 the draws are uniform anyway).
-FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
-    "temperature": (0.0, 5.0, True, "a number from 0 to 5"),
-    "top_p": (0.0, 1.0, False, "a number in (0, 1]"),
-    "time_limit": (0.0, 86400.0, True, "a number of seconds from 0 to 86400 (0: the problem's)"),
-    "learning_rate": (0.0, 1.0, False, "a number in (0, 1]"),
-    "kl_beta": (0.0, 100.0, True, "a number from 0 to 100"),
-    "dirichlet_alpha": (0.0, 1e6, False, "a number in (0, 1e6]"),
-}
 
 
 def setting(
@@ -86,103 +78,6 @@ def setting(
     no flag (a file or the stored campaign sets it)."""
     metadata = {"help": help, "flag": flag, "short": short, "group": group}
     return field(default=default, metadata=metadata)
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """How a policy learns, wherever it is trained: inside a campaign, beside workers
-    (`vpo train --follow`), offline on a campaign's groups, by RL on an answer problem. Its
-    defaults are also the campaign's."""
-
-    model: str = "smollm2"  # the embedded SmolLM2-135M-Instruct; any HF id or folder works
-    advantage: str = "vpo"  # vpo | grpo | multi_rlvr | max_at_k | gdpo | maxrl | rw_grpo
-    learning_rate: float = 1e-6  # the VPO paper's full fine-tuning rate
-    lora: bool = False  # train a LoRA adapter instead of every weight
-    lora_rank: int = 16
-    kl_beta: float = 1e-3  # weight of the k3 KL to the initial policy
-    dirichlet_weights: int = 100  # K weight vectors per group (VPO)
-    dirichlet_alpha: float = 1.0
-    micro_batch: int = 8  # rollouts per forward/backward pass
-    temperature: float = 1.0  # what the rollouts were sampled at: log-probs are of logits / T
-    top_p: float = 1.0  # the nucleus they were sampled with (the PPO ratio compares the same)
-    # The PPO ratio's old log-probs: "auto" (the sampler's where a rollout has them, so the clip
-    # acts on groups an older policy version sampled; recomputed elsewhere), "sampler" (required)
-    # or "recompute" (the current weights': ratio 1, the clip never acts).
-    old_logprobs: str = "auto"
-    # Longest prompt + completion trained on; a longer rollout's completion is cut (and counted).
-    sequence_tokens: int = 4096
-    seed: int = 0
-    # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
-    # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
-    duplicate_reward: str = "zero"
-    # A rollout whose m candidates did not all parse: "partial" (its parsed candidates score, as
-    # in the VPO paper) or "whole" (it scores nothing: a set reward takes the best candidate's
-    # score, so "partial" pays a rollout of one good candidate what it pays one of m, and the
-    # format can drift; benchmarks/results/discovery.md).
-    format_reward: str = "partial"
-    # Soft overlong punishment (after DAPO, Yu et al. 2025, arXiv 2503.14476): a completion
-    # longer than max_tokens - this loses a share of every score, linearly, all of it at the
-    # limit; 0: off. Without it, a set reward that favours longer expressions grows the answers
-    # into the limit (benchmarks/results/discovery_vpo_256_tokens.md).
-    overlong_buffer: int = 0
-    # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
-    # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
-    skip_zero_advantage: bool = True
-    # Each group's prompt runs forward and backward once for all its rollouts (packed under a
-    # block mask), not once per rollout (trainer.train.TrainConfig.shared_prompt).
-    shared_prompt: bool = True
-    # Activation checkpointing of the decoder layers: "auto" (on from 1B parameters), on, off.
-    gradient_checkpointing: str = "auto"
-
-
-# A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
-LORA_LEARNING_RATE = 1e-5
-# Prompts hold the parent and drafts: room for them beside a campaign's completions in the
-# training length, which is max_tokens + this; a campaign that trains builds no longer prompt
-# (harness/campaign/generation.py `prompt_budget`), so its steps take every rollout whole.
-PROMPT_ROOM_TOKENS = 8192
-
-
-def trained_temperature(sampled: float) -> float:
-    """The temperature a step divides the logits by for rollouts sampled at `sampled`:
-    greedy sampling (0) is trained as if at a small temperature."""
-    return max(sampled, 1e-3)
-
-
-# `vpo train --follow`: groups per step when neither its flag nor the campaign says.
-FOLLOW_EVERY = 4
-
-
-@dataclass(frozen=True)
-class OfflineSettings:
-    """`vpo train --db`: fine-tune on every group a campaign recorded (campaign.training)."""
-
-    out: Path
-    training: TrainSettings = TrainSettings()
-    steps: int | None = None  # default: one pass over the groups
-    groups_per_step: int = 8
-
-
-# Maze prompts are ~700 tokens: 8 rows of them need ~20 GB on a CPU, so 2 rows a pass.
-ANSWER_TRAINING = TrainSettings(micro_batch=2)
-
-
-@dataclass(frozen=True)
-class AnswerSettings:
-    """`vpo train --problem`: RL on an answer problem (harness/campaign/answers.py)."""
-
-    out: Path
-    training: TrainSettings = ANSWER_TRAINING  # its temperature is also the sampling one
-    steps: int = 20
-    prompts_per_step: int = 4
-    group_size: int = 8
-    candidates: int = 3  # m answers per completion
-    max_tokens: int = 512
-    eval_temperature: float = 0.7  # the paper's evaluation temperature
-    eval_prompts: int = 20  # held-out instances (the paper: 100)
-    eval_generations: int = 10  # completions per held-out prompt (the paper: 10 x m = 30)
-    eval_every: int = 0  # 0: before and after training only
-    train_size: int = 1000  # training instances cycled through (the paper: 1000)
 
 
 @dataclass(frozen=True)
@@ -336,93 +231,93 @@ class CampaignConfig:
 
     def __post_init__(self) -> None:
         _check_floats(self)
-        _require(bool(self.problem), "problem", "a problem name or folder")
-        _require(self.iterations >= 0, "iterations", "a whole number >= 0")
-        _require(self.token_budget >= 0, "token_budget", "a whole number >= 0 (0: no limit)")
-        _require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES))
-        _require(self.backend in BACKENDS, "backend", " or ".join(BACKENDS))
-        _require(bool(self.model), "model", "a model name, Hugging Face id or folder")
-        _require(self.group_size >= 1, "group_size", "a whole number >= 1")
-        _require(1 <= self.candidates <= 8, "candidates", "a whole number from 1 to 8")
-        _require(self.form in FORMS, "form", " or ".join(FORMS))
-        _require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
-        _require(self.islands >= 1, "islands", "a whole number >= 1")
-        _require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
-        _require(0 <= self.drafts <= MAX_DRAFTS, "drafts", f"a whole number from 0 to {MAX_DRAFTS}")
-        _require(self.workers >= 0, "workers", "a whole number >= 0")
-        _require(0 <= self.concurrency <= 1024, "concurrency", "a whole number from 0 to 1024")
-        _require(self.context_tokens >= 0, "context_tokens", "a whole number >= 0 (0: the model's)")
+        require(bool(self.problem), "problem", "a problem name or folder")
+        require(self.iterations >= 0, "iterations", "a whole number >= 0")
+        require(self.token_budget >= 0, "token_budget", "a whole number >= 0 (0: no limit)")
+        require(self.strategy in STRATEGIES, "strategy", " or ".join(STRATEGIES))
+        require(self.backend in BACKENDS, "backend", " or ".join(BACKENDS))
+        require(bool(self.model), "model", "a model name, Hugging Face id or folder")
+        require(self.group_size >= 1, "group_size", "a whole number >= 1")
+        require(1 <= self.candidates <= 8, "candidates", "a whole number from 1 to 8")
+        require(self.form in FORMS, "form", " or ".join(FORMS))
+        require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
+        require(self.islands >= 1, "islands", "a whole number >= 1")
+        require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
+        require(0 <= self.drafts <= MAX_DRAFTS, "drafts", f"a whole number from 0 to {MAX_DRAFTS}")
+        require(self.workers >= 0, "workers", "a whole number >= 0")
+        require(0 <= self.concurrency <= 1024, "concurrency", "a whole number from 0 to 1024")
+        require(self.context_tokens >= 0, "context_tokens", "a whole number >= 0 (0: the model's)")
         if self.context_tokens:
-            _require(
+            require(
                 self.context_tokens > self.max_tokens,
                 "context_tokens",
                 f"more than max_tokens ({self.max_tokens}), or 0 for the model's own",
             )
-        _require(self.draft_chars >= 200, "draft_chars", "a whole number >= 200")
-        _require(self.feedback_chars >= 0, "feedback_chars", "a whole number >= 0")
-        _require(0 <= self.retries <= 100, "retries", "a whole number from 0 to 100")
-        _require(self.max_failures >= 1, "max_failures", "a whole number >= 1")
+        require(self.draft_chars >= 200, "draft_chars", "a whole number >= 200")
+        require(self.feedback_chars >= 0, "feedback_chars", "a whole number >= 0")
+        require(0 <= self.retries <= 100, "retries", "a whole number from 0 to 100")
+        require(self.max_failures >= 1, "max_failures", "a whole number >= 1")
         if self.backend == "openai":
-            _require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
-        _require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
-        _require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
-        _require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
-        _require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
-        _require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
-        _require(
+            require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
+        require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
+        require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
+        require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
+        require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
+        require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
+        require(
             self.duplicate_reward in DUPLICATE_REWARDS,
             "duplicate_reward",
             " or ".join(DUPLICATE_REWARDS),
         )
-        _require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
-        _require(
+        require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
+        require(
             0 <= self.overlong_buffer < self.max_tokens,
             "overlong_buffer",
             f"a whole number from 0 to max_tokens - 1 ({self.max_tokens - 1})",
         )
-        _require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
-        _require(
+        require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
+        require(
             self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
         )
-        _require(
+        require(
             self.gradient_checkpointing in GRADIENT_CHECKPOINTING,
             "gradient_checkpointing",
             ", ".join(GRADIENT_CHECKPOINTING),
         )
-        _require(self.sample_after_step in SWITCHES, "sample_after_step", ", ".join(SWITCHES))
-        _require(
+        require(self.sample_after_step in SWITCHES, "sample_after_step", ", ".join(SWITCHES))
+        require(
             all(name in TRACKERS for name in self.report_to),
             "report_to",
             f"a list of {', '.join(TRACKERS)}, or none (got {', '.join(self.report_to)})",
         )
-        _require(
+        require(
             self.max_total_tokens is None or self.max_total_tokens >= 1,
             "max_total_tokens",
             f"a whole number >= 1 (got {self.max_total_tokens}); leave it out for no limit",
         )
         if self.max_cost is not None:
-            _require(
+            require(
                 self.price_prompt is not None or self.price_completion is not None,
                 "max_cost",
                 "set together with price_prompt and price_completion (dollars per million "
                 "tokens): a cost needs prices",
             )
         if self.train_every:
-            _require(
+            require(
                 self.group_size >= 2,
                 "group_size",
                 "at least 2 when training (train_every > 0): an advantage compares the rollouts "
                 "of one prompt, and a group of one has none to compare",
             )
             if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
-                _require(
+                require(
                     self.candidates == 1,
                     "candidates",
                     f"1 with advantage {self.advantage!r}, which scores one candidate per "
                     "rollout (vpo and multi_rlvr score m)",
                 )
             if self.backend == "openai":
-                _require(
+                require(
                     self.lora,
                     "lora",
                     "true when training (train_every > 0) with the openai backend: a server "
@@ -467,7 +362,7 @@ class CampaignConfig:
             if value is None:
                 lines.append(f"# {name} = (not set)")
             else:
-                lines.append(f"{name} = {_toml_value(value)}")
+                lines.append(f"{name} = {toml_value(value)}")
         return "\n".join(lines) + "\n"
 
 
@@ -487,25 +382,16 @@ def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
     for layer in layers:
         for key, value in layer.items():
             if key not in KEYS:
-                raise UserError(f"unknown key {key!r} in {where}{_nearest(key, KEYS)}")
+                raise UserError(f"unknown key {key!r} in {where}{nearest(key, KEYS)}")
             if value is not None:
                 merged[key] = _coerce(key, value)
     return CampaignConfig(**merged)
 
 
-def _nearest(name: str, known: Iterable[str], shown: str = "{!r}") -> str:
-    """A hint naming the known name closest to `name` ("did you mean"), else all of them."""
-    known = list(known)
-    close = difflib.get_close_matches(name, known, n=1)
-    if close:
-        return f"; did you mean {shown.format(close[0])}?"
-    return f" (known: {', '.join(shown.format(k) for k in known)})"
-
-
 def _coerce(key: str, value: Any) -> Any:
     kind = str(KEYS[key].type)
     if kind.startswith("tuple"):
-        return _names(key, value)
+        return list_of_names(key, value)
     try:
         if kind.startswith("bool"):
             if not isinstance(value, bool):
@@ -533,69 +419,8 @@ def _coerce(key: str, value: Any) -> Any:
         raise UserError(f"config key {key!r} must be {expected}, got {value!r}") from None
 
 
-def _names(key: str, value: Any) -> tuple[str, ...]:
-    """A list setting from a TOML list, the stored JSON list or a flag's "a,b" string; "none"
-    stands for the empty list."""
-    if isinstance(value, str):
-        value = value.split(",")
-    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"config key {key!r} must be a list of names, got {value!r}")
-    names = [v.strip() for v in value if v.strip()]
-    return tuple(dict.fromkeys(n for n in names if n != "none"))
-
-
-def check_positive(key: str, value: Any) -> float | None:
-    """`value` when unset (None) or a finite number > 0, else a UserError naming the setting."""
-    if value is None:
-        return None
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and 0 < value <= MAX_POSITIVE
-    )
-    if not ok:
-        raise UserError(
-            f"config key {key!r} must be a number > 0 (at most {MAX_POSITIVE:g}), got {value!r}; "
-            "leave it out for none"
-        )
-    return float(value)
-
-
-def check_float(key: str, value: Any, *, name: str | None = None) -> float:
-    """`value` when it lies in FLOAT_RANGES[key], else a UserError naming the setting (as
-    `name`, a flag say, when given)."""
-    low, high, low_allowed, allowed = FLOAT_RANGES[key]
-    ok = (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and (low <= value if low_allowed else low < value)
-        and value <= high
-    )
-    if not ok:
-        raise UserError(f"{name or f'config key {key!r}'} must be {allowed}, got {value!r}")
-    return float(value)
-
-
 def _check_floats(config: CampaignConfig) -> None:
     for key in FLOAT_RANGES:
         check_float(key, getattr(config, key))
     for key in POSITIVE_FLOATS:
         check_positive(key, getattr(config, key))
-
-
-def _require(ok: bool, key: str, allowed: str) -> None:
-    if not ok:
-        raise UserError(f"config key {key!r} must be {allowed}")
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    escaped = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
