@@ -128,7 +128,7 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
     """ThetaEvolve's lazy outputs: a candidate that repeats its parent (or a stored program)
     scores zero as a reward by default, so copying is not the safe answer; its stored
     evaluation is untouched, and `duplicate_reward = "keep"` gives it the parent's scores."""
-    from harness.campaign.training import to_group
+    from harness.campaign.rewards import to_group
     from trainer.train import TrainConfig, compute_advantages
 
     store = Store.open(tmp_path / "campaign.db")

@@ -14,8 +14,8 @@ from safetensors import safe_open
 
 from harness.campaign import publish as publishing
 from harness.campaign.loop import run_campaign
+from harness.campaign.offline import follow
 from harness.campaign.publish import merged_folder, prune_versions, publish, step_name
-from harness.campaign.training import follow
 from harness.cli.render import size, status_rows
 from harness.config.errors import UserError
 from harness.config.files import load_toml

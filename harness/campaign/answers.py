@@ -117,7 +117,8 @@ def train_answers(
 ) -> dict[str, Any]:
     """Train `settings.training.model` with RL on `problem`; write the model and a report to
     `out`."""
-    from harness.campaign.training import load_policy, settings_json
+    from harness.campaign.offline import settings_json
+    from harness.campaign.training import load_policy
     from harness.llm.transformers_backend import TransformersGenerator
 
     training = replace(settings.training, sequence_tokens=settings.max_tokens + PROMPT_TOKENS)

@@ -330,7 +330,7 @@ def _given(**values: Any) -> dict[str, Any]:
 
 
 def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Path) -> int:
-    from harness.campaign.training import train_offline
+    from harness.campaign.offline import train_offline
 
     stored = build(campaign.config, where="the campaign's settings")
     # An offline pass trains a model of its own: the campaign's rollouts were sampled by other
@@ -380,7 +380,7 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
 
 
 def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
-    from harness.campaign.training import follow
+    from harness.campaign.offline import follow
 
     overrides: dict[str, Any] = {
         "train_every": args.train_every,
