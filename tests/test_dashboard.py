@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
 from harness.inspect import status
-from harness.inspect.dashboard import Dashboard, create_app, is_loopback, request_host
+from harness.inspect.dashboard import Dashboard
+from harness.inspect.web import create_app, is_loopback, request_host
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 from harness.store.models import Program, RolloutGroup, Score, Trajectory

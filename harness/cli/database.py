@@ -85,7 +85,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from harness.inspect.dashboard import serve
+    from harness.inspect.web import serve
     from harness.store import Store
 
     store = Store.open(args.db, read_only=True)

@@ -3,8 +3,8 @@
     views       what `vpo db` prints (programs, lineage, best@k, measures)
     status      `vpo status`: one campaign's state at a glance
     measures    parse rate, hypervolume, rolling means (diversity and best@k: trainer.measures)
-    dashboard   the web page (`vpo dashboard`) and its JSON; ui/: the page itself
-    trackers    TensorBoard, MLflow, wandb and trackio reporting
+    dashboard   what the dashboard shows, kept fresh incrementally per campaign
+    web         its FastAPI app (`vpo ui`), the loopback guard; ui/: the page itself
 
 May import store, config, records and trainer.measures; never the loop, the sandbox or a
 generator.
