@@ -324,7 +324,7 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     from harness.campaign.prompts import build_prompt
     from harness.campaign.run import CampaignRun, refresh_population
     from harness.config.settings import build
-    from harness.evaluation.sandbox import Limits
+    from harness.evaluation.calls import Limits
     from problems.circle_packing import make_problem
 
     problem = make_problem()

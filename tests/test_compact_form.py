@@ -13,8 +13,9 @@ import pytest
 
 from harness.campaign.iteration import classify_group
 from harness.config.errors import UserError
+from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate
-from harness.evaluation.sandbox import Limits, Sandbox
+from harness.evaluation.sandbox import Sandbox
 from harness.records import code_hash
 from problems.circle_packing import CirclePacking
 from problems.equation_discovery import SPECS, EquationDiscovery

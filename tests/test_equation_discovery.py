@@ -19,8 +19,9 @@ from conftest import in_a_candidates_sight
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate, evaluate_many
-from harness.evaluation.sandbox import Limits, Sandbox
+from harness.evaluation.sandbox import Sandbox
 from problems.api import MAX_SCORE, Call, Evaluation, Infeasible
 from problems.equation_discovery import (
     DATA,

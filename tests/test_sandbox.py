@@ -33,8 +33,9 @@ from hypothesis.extra import numpy as hnp
 
 from harness.config.errors import UserError
 from harness.evaluation import confinement, zygote
+from harness.evaluation.calls import Call, Limits, Outcome
 from harness.evaluation.confinement import UID_COUNT, UID_FIRST
-from harness.evaluation.sandbox import Call, Limits, Outcome, Sandbox
+from harness.evaluation.sandbox import Sandbox
 
 PROJECT = Path(__file__).resolve().parents[1]
 ROOT = os.geteuid() == 0
@@ -450,7 +451,7 @@ def test_a_daemon_is_swept_without_namespaces() -> None:
 
 def test_cannot_write_outside_its_folder(sandbox: Sandbox, tmp_path: Path) -> None:
     _isolated(run(sandbox, "def f(): return 1"), "mount-namespace")
-    protected = PROJECT / "harness" / "sandbox.py"
+    protected = PROJECT / "harness" / "evaluation" / "sandbox.py"
     before = hashlib.sha256(protected.read_bytes()).hexdigest()
     targets = [
         str(PROJECT / "pwned-by-candidate.txt"),

@@ -24,7 +24,8 @@ from conftest import (
 )
 
 from harness.evaluation import confinement, zygote
-from harness.evaluation.sandbox import Limits, Outcome, Sandbox
+from harness.evaluation.calls import Limits, Outcome
+from harness.evaluation.sandbox import Sandbox
 
 ROOT = os.geteuid() == 0
 # Where the harness is root and a memory control group can be made (CI's machines), the memory
@@ -580,7 +581,7 @@ def test_the_project_is_out_of_a_candidates_sight(sandbox: Sandbox) -> None:
         str(PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"),
         str(PACKINGS),
         str(PROJECT / "examples" / "circle_packing_alphaevolve.py"),
-        str(PROJECT / "harness" / "zygote.py"),
+        str(PROJECT / "harness" / "evaluation" / "zygote.py"),
         str(PROJECT / "pyproject.toml"),
     ]
     outcome = run(sandbox, probe, paths)
@@ -643,7 +644,7 @@ def test_a_mount_inside_a_private_folder_is_out_of_sight_not_writable(tmp_path: 
 
 
 def test_default_private_paths_are_the_packages_and_their_checkout() -> None:
-    from harness.evaluation.sandbox import default_private_paths
+    from harness.evaluation.calls import default_private_paths
 
     hidden = set(default_private_paths())
     assert {str(PROJECT / name) for name in ("harness", "problems", "trainer")} <= hidden

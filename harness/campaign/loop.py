@@ -42,8 +42,9 @@ from harness.campaign.training import (
 )
 from harness.config.errors import IterationRecorded, UserError
 from harness.config.settings import CampaignConfig
+from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate, evaluate_many
-from harness.evaluation.sandbox import Limits, Sandbox
+from harness.evaluation.sandbox import Sandbox
 from harness.llm import Generator
 from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.store import Store

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from harness.campaign.population import Population
 from harness.campaign.progress import Progress
 from harness.config.settings import CampaignConfig
-from harness.evaluation.sandbox import Limits, Sandbox
+from harness.evaluation.calls import Limits
+from harness.evaluation.sandbox import Sandbox
 from harness.store import Store
 from problems.api import Compact, Problem
 

@@ -10,9 +10,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from harness.evaluation.calls import Call as SandboxCall
+from harness.evaluation.calls import Limits
 from harness.evaluation.results import one_line
-from harness.evaluation.sandbox import Call as SandboxCall
-from harness.evaluation.sandbox import Limits, Sandbox
+from harness.evaluation.sandbox import Sandbox
 from problems.api import Call, Evaluation, Infeasible, Problem, Status, combine
 
 
