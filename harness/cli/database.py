@@ -105,13 +105,13 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _db_view(store: Any, args: argparse.Namespace) -> int:
-    from harness.inspect import views
+    from harness.inspect import exports, views
 
     campaign = find_campaign(store, args.name, required=True)
     command = args.db_command
     if command == "export":
         out = Path(args.out)
-        count = views.export(store, campaign.id, args.what, args.fmt, out)
+        count = exports.export(store, campaign.id, args.what, args.fmt, out)
         if args.json:
             print(json.dumps({"rows": count, "out": str(out)}))
         else:
@@ -119,7 +119,7 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
         return 0
     if command == "plot":
         pair = None if args.pair is None else args.pair.split(",")
-        files = views.plot(store, campaign.id, Path(args.out), pair)
+        files = exports.plot(store, campaign.id, Path(args.out), pair)
         if args.json:
             print(json.dumps({"files": [str(f) for f in files]}))
         else:

@@ -1,6 +1,7 @@
 """Read-only faces of a database:
 
     views       what `vpo db` prints (programs, lineage, best@k, measures)
+    exports     what `vpo db export` and `vpo db plot` write
     status      `vpo status`: one campaign's state at a glance
     measures    parse rate, hypervolume, rolling means (diversity and best@k: trainer.measures)
     dashboard   what the dashboard shows, kept fresh incrementally per campaign
