@@ -124,72 +124,91 @@ def classify_group(
     family, or of one in `families` (key -> the code hash of a program stored before), is a
     lazy duplicate of that program, never evaluated; one of a family a candidate before it in
     the batch brought (`fresh_families`, which this fills) is a duplicate of that one."""
-    fresh: set[str] = set()
-    parent_hash = code_hash(parent_code)
-    parent_key = entry_key(parent_code, entry) if entry else None
-    parent_family = family(parent_code) if family else None
-    families = families or {}
-    fresh_families = {} if fresh_families is None else fresh_families
+    known = _Known(
+        parent_code, seen, entry, family, families or {},
+        {} if fresh_families is None else fresh_families,
+    )  # fmt: skip
     rollouts = []
     for text in texts:
         parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
         if expand is not None:
             parsed = {index: expanded(c, expand) for index, c in parsed.items()}
-        classified = []
-        errors = []
-        for index in range(1, candidates + 1):
-            candidate = parsed.get(index)
-            if candidate is None or candidate.code is None:
-                reason = candidate.error if candidate else f"no candidate {index} in the completion"
-                classified.append(Candidate(index, "unparsed", reason=reason))
-                errors.append(f"{index}: {reason}")
-            elif "\x00" in candidate.code:
-                # The database cannot store it, and no scorer wants it.
-                classified.append(
-                    Candidate(index, "unparsed", reason="the code contains a NUL byte")
-                )
-                errors.append(f"{index}: NUL byte")
-            elif (
-                parent_key is not None
-                and entry is not None
-                and code_hash(candidate.code) != parent_hash
-                and entry_key(candidate.code, entry) == parent_key
-            ):
-                reason = (
-                    f"the current program again: `{entry}` and what it calls are unchanged "
-                    "(only docstrings, comments or code it never calls differ)"
-                )
-                classified.append(
-                    Candidate(index, "duplicate", candidate.code, parent_hash, reason, lazy=True)
-                )
-            else:
-                digest = code_hash(candidate.code)
-                lazy = digest in seen or digest == parent_hash
-                key = None if lazy or digest in fresh or not family else family(candidate.code)
-                if key is not None and (key == parent_family or key in families):
-                    same = parent_hash if key == parent_family else families[key]
-                    reason = f"the same family as program {same[:12]}: {key}"[:200]
-                    classified.append(
-                        Candidate(index, "duplicate", candidate.code, same, reason, lazy=True)
-                    )
-                    continue
-                if key is not None and key in fresh_families:
-                    reason = f"the same family as a candidate before it: {key}"[:200]
-                    same = fresh_families[key]
-                    classified.append(Candidate(index, "duplicate", candidate.code, same, reason))
-                    continue
-                outcome: Outcome = "duplicate" if lazy or digest in fresh else "new"
-                fresh.add(digest)
-                if key is not None:
-                    fresh_families[key] = digest
-                classified.append(
-                    Candidate(index, outcome, candidate.code, digest, lazy=lazy, family=key)
-                )
+        classified = [
+            known.classify(index, parsed.get(index)) for index in range(1, candidates + 1)
+        ]
+        errors = [
+            f"{c.index}: {'NUL byte' if c.reason == NUL_REASON else c.reason}"
+            for c in classified
+            if c.outcome == "unparsed"
+        ]
         parsed_count = sum(1 for c in classified if c.outcome != "unparsed")
         status = "ok" if parsed_count == candidates else ("partial" if parsed_count else "none")
         error = "; ".join(errors)[:MAX_PARSE_ERROR_CHARS] or None
         rollouts.append(ParsedRollout(tuple(classified), status, error))
     return ParsedGroup(tuple(rollouts))
+
+
+NUL_REASON = "the code contains a NUL byte"
+
+
+class _Known:
+    """What a group's candidates are classified against: the parent (its hash, its entry's key,
+    its family), the hashes evaluated before, the families stored before, and what the
+    candidates before this one brought (hashes, families)."""
+
+    def __init__(
+        self,
+        parent_code: str,
+        seen: Container[str],
+        entry: str | None,
+        family: Callable[[str], str | None] | None,
+        families: Mapping[str, str],
+        fresh_families: dict[str, str],
+    ) -> None:
+        self.seen, self.entry, self.family = seen, entry, family
+        self.families, self.fresh_families = families, fresh_families
+        self.fresh: set[str] = set()
+        self.parent_hash = code_hash(parent_code)
+        self.parent_key = entry_key(parent_code, entry) if entry else None
+        self.parent_family = family(parent_code) if family else None
+
+    def classify(self, index: int, candidate: ParsedCandidate | None) -> Candidate:
+        if candidate is None or candidate.code is None:
+            reason = candidate.error if candidate else f"no candidate {index} in the completion"
+            return Candidate(index, "unparsed", reason=reason)
+        code = candidate.code
+        if "\x00" in code:  # the database cannot store it, and no scorer wants it
+            return Candidate(index, "unparsed", reason=NUL_REASON)
+        digest = code_hash(code)
+        if self.reworded(code, digest):
+            reason = (
+                f"the current program again: `{self.entry}` and what it calls are unchanged "
+                "(only docstrings, comments or code it never calls differ)"
+            )
+            return Candidate(index, "duplicate", code, self.parent_hash, reason, lazy=True)
+        lazy = digest in self.seen or digest == self.parent_hash
+        key = None if lazy or digest in self.fresh or not self.family else self.family(code)
+        if key is not None and (key == self.parent_family or key in self.families):
+            same = self.parent_hash if key == self.parent_family else self.families[key]
+            reason = f"the same family as program {same[:12]}: {key}"[:200]
+            return Candidate(index, "duplicate", code, same, reason, lazy=True)
+        if key is not None and key in self.fresh_families:
+            reason = f"the same family as a candidate before it: {key}"[:200]
+            return Candidate(index, "duplicate", code, self.fresh_families[key], reason)
+        outcome: Outcome = "duplicate" if lazy or digest in self.fresh else "new"
+        self.fresh.add(digest)
+        if key is not None:
+            self.fresh_families[key] = digest
+        return Candidate(index, outcome, code, digest, lazy=lazy, family=key)
+
+    def reworded(self, code: str, digest: str) -> bool:
+        """The parent with only docstrings, comments or code its entry never calls changed."""
+        return (
+            self.parent_key is not None
+            and self.entry is not None
+            and digest != self.parent_hash
+            and entry_key(code, self.entry) == self.parent_key
+        )
 
 
 def expanded(candidate: ParsedCandidate, expand: Callable[[str], str]) -> ParsedCandidate:
