@@ -230,6 +230,12 @@ class CampaignConfig:
     )
 
     def __post_init__(self) -> None:
+        self._check_run()
+        self._check_training()
+        self._check_budget()
+
+    def _check_run(self) -> None:
+        """The problem, the model and how it samples, evolution, evaluation."""
         _check_floats(self)
         require(bool(self.problem), "problem", "a problem name or folder")
         require(self.iterations >= 0, "iterations", "a whole number >= 0")
@@ -259,6 +265,8 @@ class CampaignConfig:
         require(self.max_failures >= 1, "max_failures", "a whole number >= 1")
         if self.backend == "openai":
             require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
+
+    def _check_training(self) -> None:
         require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
         require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
         require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
@@ -290,6 +298,9 @@ class CampaignConfig:
             "report_to",
             f"a list of {', '.join(TRACKERS)}, or none (got {', '.join(self.report_to)})",
         )
+
+    def _check_budget(self) -> None:
+        """The budgets, and what training needs of the rest."""
         require(
             self.max_total_tokens is None or self.max_total_tokens >= 1,
             "max_total_tokens",
