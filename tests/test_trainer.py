@@ -11,13 +11,13 @@ import torch
 
 from trainer.logprobs import completion_logprobs, token_batch
 from trainer.loss import LossConfig, policy_loss
+from trainer.measures import pool_diversity
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import (
     Group,
     Rollout,
     TrainConfig,
     compute_advantages,
-    pool_diversity,
     train_step,
 )
 
@@ -116,11 +116,13 @@ def test_advantages_batch_groups_of_different_shapes() -> None:
         compute_advantages([a], TrainConfig(advantage="grpo"))
 
 
-def test_pool_diversity_is_the_mean_pairwise_l1_distance() -> None:
-    scores = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 0.0]]]])
-    mask = torch.tensor([[[True, True], [True, False]]])
+def test_a_steps_pool_diversity_is_over_each_groups_real_candidates() -> None:
+    scores = np.array([[[1.0, 0.0], [0.0, 1.0]], [[1.0, 0.0], [0.0, 0.0]]])  # (G, m, d)
+    mask = np.array([[True, True], [True, False]])
     # real vectors: (1,0), (0,1), (1,0): distances 2, 0, 2 -> mean 4/3
-    assert pool_diversity(scores, mask) == pytest.approx([4 / 3])
+    assert pool_diversity(scores[mask]) == pytest.approx(4 / 3)
+    group = Group([Rollout([1], [2]), Rollout([1], [3])], scores, mask)
+    assert compute_advantages([group], TrainConfig()).diversity == pytest.approx([4 / 3])
 
 
 # -- the policy and the step on a tiny model ---------------------------------------------------

@@ -287,20 +287,7 @@ def train_step(
     number = policy.step + 1
     advantages = compute_advantages(groups, config, generator)
     rollouts = [rollout for group in groups for rollout in group.rollouts]
-    rows = [cut(r.prompt_ids, r.completion_ids, r.logprobs, config.max_tokens) for r in rollouts]
-    shortened = sum(
-        len(row[1]) < len(r.completion_ids) for r, row in zip(rollouts, rows, strict=True)
-    )
-    if config.old_logprobs == "recompute" or config.temperature <= GREEDY:
-        # Greedy samples' log-probs are not of logits / T: nothing to compare them with.
-        rows = [(prompt, completion, None) for prompt, completion, _ in rows]
-    elif config.old_logprobs == "sampler":
-        missing = sum(1 for _, _, logprobs in rows if logprobs is None)
-        if missing:
-            raise ValueError(
-                f"old_logprobs='sampler' but {missing} rollouts have no log-probs for every "
-                "completion token (or were sampled greedily)"
-            )
+    rows, shortened = _rows(rollouts, config)
     local_tokens = sum(len(completion) for _, completion, _ in rows)
     total_tokens = int(parallel.sum(local_tokens))
     # Every process sees the same total, so all of them skip the step or none does.
@@ -320,15 +307,97 @@ def train_step(
     plan = plan_passes(rows, order, config.micro_batch, shared=shared)
     unshared = sum(len(pack) for packs in plan for pack in packs if len(pack) == 1)
     passes = int(parallel.max(len(plan)))
-    pad = policy.tokenizer.pad_token_id or 0
-    sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
-    gap, gap_tokens, mismatched = 0.0, 0, 0
+    ran = _Passes(policy, config, rows, rollouts, advantages.per_rollout, total_tokens)
     for index in range(passes):
-        packs = plan[index] if index < len(plan) else []
+        ran.run(plan[index] if index < len(plan) else [], last=index == passes - 1)
+    if ran.mismatched:
+        _warn_mismatch(ran.mismatched, ran.gap / max(ran.gap_tokens, 1), config)
+    grad_norm, not_finite = _optimiser_step(policy, passes)
+    skipped = skipped or not_finite
+    if skipped is None:
+        policy.step = number
+    seconds = time.perf_counter() - started
+    # The per-token metrics are over the tokens that ran (a fresh step's ratio is 1, not 0).
+    tokens_ran = max(sum(len(rows[i][1]) for i in order), 1)
+    sums = ran.sums
+    return StepMetrics(
+        step=number,
+        groups=len(groups),
+        rollouts=len(rollouts),
+        tokens=local_tokens,
+        loss=sums["loss"],
+        policy_loss=sums["policy"] / tokens_ran,
+        kl=sums["kl"] / tokens_ran,
+        clip_fraction=sums["clipped"] / tokens_ran,
+        mean_ratio=sums["ratio"] / tokens_ran if order else 1.0,
+        sampler_fraction=(sum(1 for row in rows if row[2] is not None) - ran.mismatched)
+        / max(len(rows), 1),
+        staleness=_staleness(rollouts, number - 1),
+        fresh_gap=ran.gap / ran.gap_tokens if ran.gap_tokens else None,
+        grad_norm=grad_norm,
+        trained=len(order),
+        set_score=float(np.mean(advantages.rewards)) if advantages.rewards else 0.0,
+        zero_std_fraction=advantages.zero_std_groups / max(len(groups), 1),
+        diversity=float(np.mean(advantages.diversity)) if advantages.diversity else 0.0,
+        seconds=seconds,
+        tokens_per_second=(tokens_ran if order else 0) / seconds,
+        advantage=config.advantage,
+        cut_rollouts=shortened,
+        skipped=skipped,
+        mismatched=ran.mismatched,
+        unshared=unshared,
+    )
+
+
+Row = tuple[Sequence[int], Sequence[int], Sequence[float] | None]
+
+
+def _rows(rollouts: Sequence[Rollout], config: TrainConfig) -> tuple[list[Row], int]:
+    """Each rollout as (prompt, completion cut to `max_tokens`, its sampler log-probs or None
+    where they are not to be compared), and how many were cut."""
+    rows = [cut(r.prompt_ids, r.completion_ids, r.logprobs, config.max_tokens) for r in rollouts]
+    shortened = sum(
+        len(row[1]) < len(r.completion_ids) for r, row in zip(rollouts, rows, strict=True)
+    )
+    if config.old_logprobs == "recompute" or config.temperature <= GREEDY:
+        # Greedy samples' log-probs are not of logits / T: nothing to compare them with.
+        rows = [(prompt, completion, None) for prompt, completion, _ in rows]
+    elif config.old_logprobs == "sampler":
+        missing = sum(1 for _, _, logprobs in rows if logprobs is None)
+        if missing:
+            raise ValueError(
+                f"old_logprobs='sampler' but {missing} rollouts have no log-probs for every "
+                "completion token (or were sampled greedily)"
+            )
+    return rows, shortened
+
+
+class _Passes:
+    """The forward and backward passes of one step, one micro-batch each, and what they
+    measured: the loss parts summed, the gap between the sampler's log-probs and the current
+    weights' on the rollouts those weights sampled, and the rollouts too far apart."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        config: TrainConfig,
+        rows: Sequence[Row],
+        rollouts: Sequence[Rollout],
+        advantages: Sequence[float],
+        total_tokens: int,
+    ) -> None:
+        self.policy, self.config, self.rows, self.rollouts = policy, config, rows, rollouts
+        self.advantages, self.total_tokens = advantages, total_tokens
+        self.pad = policy.tokenizer.pad_token_id or 0
+        self.sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
+        self.gap, self.gap_tokens, self.mismatched = 0.0, 0, 0
+
+    def run(self, packs: Sequence[Sequence[int]], *, last: bool) -> None:
+        policy, config, parallel = self.policy, self.config, self.policy.parallel
         chosen = [i for pack in packs for i in pack]
-        batch = pass_batch(rows, packs, pad, policy.device)
+        batch = pass_batch(self.rows, packs, self.pad, policy.device)
         # The wrapper reduces the gradients after the last pass only.
-        with parallel.gradient_sync(policy.scorer, index == passes - 1), policy.autocast():
+        with parallel.gradient_sync(policy.scorer, last), policy.autocast():
             logprobs, log_mass = token_logprobs(
                 policy.scorer, batch, config.temperature, config.top_p, config.logit_chunk
             )
@@ -336,28 +405,9 @@ def train_step(
         if policy.has_reference and config.loss.beta > 0:
             with torch.no_grad(), policy.reference_scorer() as reference, policy.autocast():
                 ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
-        # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
-        # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
-        sampled = batch["sampler_logprobs"]
-        if log_mass is not None:
-            sampled = sampled + log_mass
-        # Rollouts the current weights sampled: both log-probs are of one distribution, apart
-        # by rounding alone. One far beyond that was drawn from another distribution (a server
-        # that applied top_k or a repetition penalty); its ratio would be off on every token,
-        # so its old log-probs are recomputed, as for a rollout without sampler log-probs.
-        has = batch["has_sampler"]
-        fresh = has & torch.tensor(
-            [rollouts[i].version == policy.step for i in chosen] or [False], device=has.device
-        )
-        tokens = batch["completion_mask"] & fresh.unsqueeze(-1)
-        gaps, row_gaps = sampler_gaps(logprobs.detach(), sampled, tokens)
-        off = row_gaps > config.mismatch_gap
-        old = torch.where((has & ~off).unsqueeze(-1), sampled, logprobs.detach())
-        gap += float(gaps.sum())
-        gap_tokens += int(tokens.sum())
-        mismatched += int(off.sum())
+        old = self._old_logprobs(batch, logprobs.detach(), log_mass, chosen)
         values = torch.tensor(
-            [advantages.per_rollout[i] for i in chosen] or [0.0],
+            [self.advantages[i] for i in chosen] or [0.0],
             dtype=logprobs.dtype,
             device=logprobs.device,
         )
@@ -368,25 +418,53 @@ def train_step(
             batch["completion_mask"],
             ref_logprobs=ref,
             config=config.loss,
-            total_tokens=total_tokens,
+            total_tokens=self.total_tokens,
         )
         # The wrappers average the processes' gradients; the loss is already a share of the
         # whole step's token mean, so they are to be summed.
         weight = parallel.world if chosen else 0.0
-        with parallel.gradient_sync(policy.scorer, index == passes - 1):
+        with parallel.gradient_sync(policy.scorer, last):
             (loss * weight).backward()
         if chosen:
-            sums["loss"] += float(loss.detach())
-            sums["policy"] += parts.policy
-            sums["kl"] += parts.kl
-            sums["clipped"] += parts.clipped
-            sums["ratio"] += parts.ratio
-    if mismatched:
-        _warn_mismatch(mismatched, gap / max(gap_tokens, 1), config)
-    # The per-token metrics are over the tokens that ran (a fresh step's ratio is 1, not 0).
-    ran = max(sum(len(rows[i][1]) for i in order), 1)
-    grad_norm = 0.0
-    if passes:  # no process ran anything: no optimiser step (it would still decay the weights)
+            self.sums["loss"] += float(loss.detach())
+            self.sums["policy"] += parts.policy
+            self.sums["kl"] += parts.kl
+            self.sums["clipped"] += parts.clipped
+            self.sums["ratio"] += parts.ratio
+
+    def _old_logprobs(
+        self, batch: dict[str, Tensor], current: Tensor, log_mass: Tensor | None, chosen: list[int]
+    ) -> Tensor:
+        """The PPO ratio's old log-probs: the sampler's where a rollout has them and they are
+        of the distribution it was drawn from, else the current weights'."""
+        # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
+        # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
+        sampled = batch["sampler_logprobs"]
+        if log_mass is not None:
+            sampled = sampled + log_mass
+        # Rollouts the current weights sampled: both log-probs are of one distribution, apart
+        # by rounding alone. One far beyond that was drawn from another distribution (a server
+        # that applied top_k or a repetition penalty); its ratio would be off on every token,
+        # so its old log-probs are recomputed, as for a rollout without sampler log-probs.
+        has = batch["has_sampler"]
+        step = self.policy.step
+        fresh = has & torch.tensor(
+            [self.rollouts[i].version == step for i in chosen] or [False], device=has.device
+        )
+        tokens = batch["completion_mask"] & fresh.unsqueeze(-1)
+        gaps, row_gaps = sampler_gaps(current, sampled, tokens)
+        off = row_gaps > self.config.mismatch_gap
+        self.gap += float(gaps.sum())
+        self.gap_tokens += int(tokens.sum())
+        self.mismatched += int(off.sum())
+        return torch.where((has & ~off).unsqueeze(-1), sampled, current)
+
+
+def _optimiser_step(policy: Policy, passes: int) -> tuple[float, str | None]:
+    """Clip and step (when some process ran a pass: a step of nothing would still decay the
+    weights); the gradient norm, and why no step was taken where its norm is not finite."""
+    grad_norm, skipped = 0.0, None
+    if passes:
         clip = policy.config.grad_clip if policy.config.grad_clip > 0 else math.inf
         grad_norm = _total(torch.nn.utils.clip_grad_norm_(policy.trainable_parameters(), clip))
         if math.isfinite(grad_norm):
@@ -395,36 +473,7 @@ def train_step(
             # The norm is the same on every process (the wrapper reduced the gradients).
             skipped = f"non-finite gradient norm ({grad_norm}), the optimiser step was not taken"
     policy.optimizer.zero_grad(set_to_none=True)
-    if skipped is None:
-        policy.step = number
-    seconds = time.perf_counter() - started
-    return StepMetrics(
-        step=number,
-        groups=len(groups),
-        rollouts=len(rollouts),
-        tokens=local_tokens,
-        loss=sums["loss"],
-        policy_loss=sums["policy"] / ran,
-        kl=sums["kl"] / ran,
-        clip_fraction=sums["clipped"] / ran,
-        mean_ratio=sums["ratio"] / ran if order else 1.0,
-        sampler_fraction=(sum(1 for row in rows if row[2] is not None) - mismatched)
-        / max(len(rows), 1),
-        staleness=_staleness(rollouts, number - 1),
-        fresh_gap=gap / gap_tokens if gap_tokens else None,
-        grad_norm=grad_norm,
-        trained=len(order),
-        set_score=float(np.mean(advantages.rewards)) if advantages.rewards else 0.0,
-        zero_std_fraction=advantages.zero_std_groups / max(len(groups), 1),
-        diversity=float(np.mean(advantages.diversity)) if advantages.diversity else 0.0,
-        seconds=seconds,
-        tokens_per_second=(ran if order else 0) / seconds,
-        advantage=config.advantage,
-        cut_rollouts=shortened,
-        skipped=skipped,
-        mismatched=mismatched,
-        unshared=unshared,
-    )
+    return grad_norm, skipped
 
 
 _mismatch_said = False
