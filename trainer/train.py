@@ -39,6 +39,7 @@ from torch import Tensor
 from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
 from trainer.logprobs import (
     PACKABLE,
+    Row,
     attention_kind,
     completion_logprobs,
     cut,
@@ -297,15 +298,7 @@ def train_step(
 
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
-    # Longest first and similar lengths together: less padding in each micro-batch. A rollout
-    # with no completion token left has nothing to predict: it takes no pass.
-    order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
-    order = [i for i in order if rows[i][1]]
-    if config.skip_zero_advantage:
-        order = [i for i in order if advantages.per_rollout[i] != 0]
-    shared = config.shared_prompt and attention_kind(policy.model) in PACKABLE
-    plan = plan_passes(rows, order, config.micro_batch, shared=shared)
-    unshared = sum(len(pack) for packs in plan for pack in packs if len(pack) == 1)
+    order, plan, unshared = _plan(policy, rows, advantages.per_rollout, config)
     passes = int(parallel.max(len(plan)))
     ran = _Passes(policy, config, rows, rollouts, advantages.per_rollout, total_tokens)
     for index in range(passes):
@@ -349,7 +342,21 @@ def train_step(
     )
 
 
-Row = tuple[Sequence[int], Sequence[int], Sequence[float] | None]
+def _plan(
+    policy: Policy, rows: Sequence[Row], advantages: Sequence[float], config: TrainConfig
+) -> tuple[list[int], list[list[list[int]]], int]:
+    """The rollouts that run (in order), their micro-batches (each a list of packs: rollouts
+    sharing one prompt pass) and how many run without sharing theirs."""
+    # Longest first and similar lengths together: less padding in each micro-batch. A rollout
+    # with no completion token left has nothing to predict: it takes no pass.
+    order = sorted(range(len(rows)), key=lambda i: -(len(rows[i][0]) + len(rows[i][1])))
+    order = [i for i in order if rows[i][1]]
+    if config.skip_zero_advantage:
+        order = [i for i in order if advantages[i] != 0]
+    shared = config.shared_prompt and attention_kind(policy.model) in PACKABLE
+    plan = plan_passes(rows, order, config.micro_batch, shared=shared)
+    unshared = sum(len(pack) for packs in plan for pack in packs if len(pack) == 1)
+    return order, plan, unshared
 
 
 def _rows(rollouts: Sequence[Rollout], config: TrainConfig) -> tuple[list[Row], int]:

