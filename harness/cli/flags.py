@@ -51,10 +51,10 @@ def add_campaign_flags(p: argparse.ArgumentParser) -> None:
             group = field.metadata["group"]
             if group not in groups:
                 groups[group] = p.add_argument_group(group)
-            _add_setting(groups[group], field)
+            add_setting(groups[group], field)
 
 
-def _add_setting(group: Any, field: Field[Any]) -> None:
+def add_setting(group: Any, field: Field[Any]) -> None:
     meta = field.metadata
     names = [meta["flag"] or "--" + field.name.replace("_", "-")]
     if meta["short"]:

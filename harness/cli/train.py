@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from harness.cli.campaigns import find_campaign
-from harness.cli.flags import positive_float, positive_int
+from harness.cli.flags import add_setting, positive_float, positive_int
 from harness.config import logs
 from harness.config.errors import UserError
 from harness.config.settings import (
@@ -24,6 +24,7 @@ from harness.config.settings import (
     FORMAT_REWARDS,
     GRADIENT_CHECKPOINTING,
     OLD_LOGPROBS,
+    CampaignConfig,
     build,
 )
 from harness.config.training import (
@@ -38,6 +39,13 @@ from harness.config.training import (
 from harness.config.values import check_float
 
 SHARDINGS = ("auto", "fsdp", "ddp", "none")  # trainer.distributed's, without importing torch
+
+
+# `vpo train` takes these campaign settings as flags, each as `vpo run` does.
+TRAINING_FLAGS = (
+    "advantage", "learning_rate", "lora", "lora_rank", "kl_beta", "duplicate_reward",
+    "format_reward", "overlong_buffer", "old_logprobs", "gradient_checkpointing",
+)  # fmt: skip
 
 
 def add_commands(commands: Any) -> None:
@@ -66,24 +74,12 @@ def add_commands(commands: Any) -> None:
         help=f"base model (default: the campaign's, or {TrainSettings.model})",
     )
     p.add_argument(
-        "--advantage",
-        default=TrainSettings.advantage,
-        help=f"{', '.join(ADVANTAGES[:-1])} or {ADVANTAGES[-1]} "
-        f"(default {TrainSettings.advantage})",
-    )
-    p.add_argument(
         "--steps",
         type=positive_int,
         default=None,
         help=f"steps (default: one pass over the groups; {AnswerSettings.steps} with --problem)",
     )
     p.add_argument("--groups-per-step", dest="groups_per_step", type=positive_int, default=None)
-    p.add_argument("--lora", action="store_true", help="train a LoRA adapter, then merge it")
-    p.add_argument(
-        "--lora-rank", dest="lora_rank", type=positive_int, default=TrainSettings.lora_rank
-    )
-    p.add_argument("--lr", dest="learning_rate", type=float, default=None)
-    p.add_argument("--kl-beta", dest="kl_beta", type=float, default=TrainSettings.kl_beta)
     p.add_argument(
         "--micro-batch",
         dest="micro_batch",
@@ -91,43 +87,6 @@ def add_commands(commands: Any) -> None:
         default=None,
         help=f"rollouts per forward/backward (default {TrainSettings.micro_batch}; "
         f"{ANSWER_TRAINING.micro_batch} with --problem, whose prompts are long)",
-    )
-    p.add_argument(
-        "--duplicate-reward",
-        dest="duplicate_reward",
-        default=None,
-        help="zero or keep: the reward of a candidate repeating its parent or a stored program "
-        f"(default: the campaign's; with --problem, {TrainSettings.duplicate_reward})",
-    )
-    p.add_argument(
-        "--format-reward",
-        dest="format_reward",
-        default=None,
-        help="partial or whole: the reward of a rollout whose m candidates did not all parse "
-        f"(default: the campaign's; with --problem, {TrainSettings.format_reward})",
-    )
-    p.add_argument(
-        "--overlong-buffer",
-        dest="overlong_buffer",
-        type=int,
-        default=None,
-        help="tokens before the campaign's max_tokens where a longer completion starts to lose "
-        "its scores, all of them at the limit; 0: off (default: the campaign's)",
-    )
-    p.add_argument(
-        "--old-logprobs",
-        dest="old_logprobs",
-        default=None,
-        help="auto, sampler or recompute: the PPO ratio's old log-probs (default: the "
-        "campaign's with --follow, else recompute: an offline model is not the one that sampled)",
-    )
-    p.add_argument(
-        "--gradient-checkpointing",
-        dest="gradient_checkpointing",
-        default=None,
-        help="recompute layer activations in the backward pass: auto (from 1B parameters), on "
-        "or off (default: the campaign's with --follow, else "
-        f"{TrainSettings.gradient_checkpointing})",
     )
     p.add_argument(
         "--no-shared-prompt",
@@ -145,6 +104,15 @@ def add_commands(commands: Any) -> None:
         "several processes or accelerate's config asks for FSDP; none on one)",
     )
     p.add_argument("--seed", type=int, default=TrainSettings.seed)
+    # The campaign's own training flags, from the same settings (names, help, types).
+    settings = p.add_argument_group(
+        "training settings (default: the campaign's with --follow; otherwise as shown, but "
+        f"--old-logprobs recompute, --lr {LORA_LEARNING_RATE:g} with --lora, and with --db the "
+        "campaign's reward rules)"
+    )
+    for field in fields(CampaignConfig):
+        if field.name in TRAINING_FLAGS:
+            add_setting(settings, field)
     _add_follow_flags(p.add_argument_group("with --db --follow (beside `vpo worker` processes)"))
     _add_answer_flags(p.add_argument_group("with --problem (answer problems)"))
     p.set_defaults(handler=cmd_train)
@@ -273,14 +241,17 @@ def _checked_out(args: argparse.Namespace) -> Path:
         raise UserError(f"--sharding must be {', '.join(SHARDINGS)}, not {args.sharding!r}")
     if args.sharding != "auto" and args.problem is not None:
         raise UserError("--sharding goes with --db; answer-problem training runs on one process")
-    if args.advantage not in ADVANTAGES:
+    if args.advantage not in (None, *ADVANTAGES):
         raise UserError(
             f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
         )
     # The campaign settings' ranges, so `vpo train` takes no NaN or infinity either.
     if args.learning_rate is not None:
         check_float("learning_rate", args.learning_rate, name="--lr")
-    check_float("kl_beta", args.kl_beta, name="--kl-beta")
+    if args.kl_beta is not None:
+        check_float("kl_beta", args.kl_beta, name="--kl-beta")
+    if args.lora_rank is not None and args.lora_rank < 1:
+        raise UserError(f"--lora-rank must be a whole number >= 1, not {args.lora_rank}")
     if (args.db is None) == (args.problem is None):
         raise UserError(
             "give either --db (learn from a campaign's groups) or --problem (RL on an answer "
