@@ -1,6 +1,6 @@
 """The policy loss: PPO clip with dual clip, token-mean over the batch, k3 KL to a reference.
 
-    loss = token-mean( pg ) + beta * token-mean( k3 ) - entropy_coef * token-mean( entropy )
+    loss = token-mean( pg ) + beta * token-mean( k3 )
 
 with, per completion token t of a rollout with advantage A and ratio rho = pi / pi_old,
 
@@ -31,15 +31,14 @@ class LossConfig:
     clip: float = CLIP
     dual_clip: float = DUAL_CLIP
     beta: float = KL_BETA
-    entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 < self.clip < 1:
             raise ValueError(f"clip must be in (0, 1), got {self.clip}")
         if self.dual_clip <= 1:
             raise ValueError(f"dual_clip must be > 1, got {self.dual_clip}")
-        if self.beta < 0 or self.entropy_coef < 0:
-            raise ValueError("beta and entropy_coef must be >= 0")
+        if self.beta < 0:
+            raise ValueError("beta must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,6 @@ class LossParts:
 
     policy: float
     kl: float
-    entropy: float
     clipped: float  # tokens whose ratio left [1 - clip, 1 + clip]
     ratio: float  # the sum of the ratios
     tokens: int
@@ -61,13 +59,12 @@ def policy_loss(
     mask: Tensor,
     *,
     ref_logprobs: Tensor | None = None,
-    entropy: Tensor | None = None,
     config: LossConfig = LossConfig(),
     total_tokens: int | None = None,
 ) -> tuple[Tensor, LossParts]:
     """The loss of one (micro-)batch and its parts.
 
-    logprobs, old_logprobs, ref_logprobs, entropy, mask: (N, T) over completion tokens (mask
+    logprobs, old_logprobs, ref_logprobs, mask: (N, T) over completion tokens (mask
     True or 1 where a token is real); advantages: (N,) per rollout or (N, T) per token.
     """
     mask = mask.to(logprobs.dtype)
@@ -92,16 +89,10 @@ def policy_loss(
         kl_sum = (k3 * mask).sum()
         if config.beta:
             loss = loss + config.beta * kl_sum / denominator
-    entropy_sum = logprobs.new_zeros(())
-    if entropy is not None:
-        entropy_sum = (entropy * mask).sum()
-        if config.entropy_coef:
-            loss = loss - config.entropy_coef * entropy_sum / denominator
     outside = ((ratio < 1 - config.clip) | (ratio > 1 + config.clip)).to(mask.dtype)
     parts = LossParts(
         policy=float((pg.detach() * mask).sum()),
         kl=float(kl_sum.detach()),
-        entropy=float(entropy_sum.detach()),
         clipped=float((outside * mask).sum()),
         ratio=float((ratio.detach() * mask).sum()),
         tokens=tokens,

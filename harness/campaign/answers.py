@@ -174,7 +174,7 @@ def _rl_step(
 ) -> tuple[Any, dict[str, Any]]:
     """The next step: G completions of each picked training instance, scored, then one
     policy step on those groups; its metrics, and them with what the sampling yielded."""
-    from harness.campaign.training import take_step
+    from harness.campaign.training import seeded_step
     from trainer.train import Group, Rollout
 
     started = time.perf_counter()
@@ -190,7 +190,7 @@ def _rl_step(
         _group(problem, instance, completions, m, Group, Rollout)
         for instance, completions in zip(instances, samples, strict=True)
     ]
-    metrics = take_step(policy, config, groups, seed=training.seed * 7_919 + step)
+    metrics = seeded_step(policy, config, groups, seed=training.seed * 7_919 + step)
     return metrics, metrics.as_dict() | {
         "generation_seconds": generated,
         "mean_reward": float(

@@ -35,8 +35,8 @@ from harness.campaign.trackers import check_installed, open_reporter
 from harness.campaign.training import (
     base_generator,
     check_backend,
-    maybe_train,
     start_trainer,
+    train_next_version,
     trainer_generator,
     untrained_note,
 )
@@ -139,7 +139,7 @@ def run_campaign(
                 campaign.trainer = start_trainer(
                     config, store, campaign_id, name, campaign.objectives
                 )
-                if train(campaign, None) and on_progress:
+                if train_waiting_groups(campaign, None) and on_progress:
                     on_progress(config.iterations, campaign.progress)
             if config.train_every:
                 # The groups after the last step wait for an extended run (a step is worth its
@@ -260,7 +260,7 @@ def evolve(
             if fresh and pending is not None:  # the steps this batch allows, before the next
                 pending.result()
                 pending = None
-                train(campaign, generator)
+                train_waiting_groups(campaign, generator)
             version = campaign.trainer.version_id if campaign.trainer else None
             batch = sample_batch(
                 campaign, generator, todo[start : start + width], settings, version
@@ -270,7 +270,7 @@ def evolve(
                 campaign.spend.add(batch)  # counted once sampled: it is stored below
             if pending is not None:
                 pending.result()  # the batch before is stored before this one
-                train(campaign, generator)
+                train_waiting_groups(campaign, generator)
             streak.update(batch)
             pending = evaluator.submit(_store_and_report, campaign, batch, on_progress)
             if streak.reached:
@@ -280,7 +280,7 @@ def evolve(
                 pending.result()
         if pending is not None:
             pending.result()
-            if train(campaign, generator) and on_progress:
+            if train_waiting_groups(campaign, generator) and on_progress:
                 on_progress(config.iterations, campaign.progress)  # show the last step too
 
 
@@ -308,7 +308,7 @@ def _store_and_report(
             on_progress(sampled.iteration + 1, campaign.progress)
 
 
-def train(campaign: CampaignRun, generator: Generator | None) -> bool:
+def train_waiting_groups(campaign: CampaignRun, generator: Generator | None) -> bool:
     """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
     share the weights being trained): one in the steady state, more when a resumed run finds
     the groups a killed one recorded but did not train on; True when any ran. A step that
@@ -317,7 +317,7 @@ def train(campaign: CampaignRun, generator: Generator | None) -> bool:
     if campaign.trainer is None:
         return False
     ran = False
-    while (metrics := maybe_train(campaign.trainer, generator)) is not None:
+    while (metrics := train_next_version(campaign.trainer, generator)) is not None:
         ran = True
         if metrics.skipped is not None:
             campaign.progress.steps_skipped += 1

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from harness.campaign.rewards import to_group
 from harness.campaign.training import (
     load_policy,
-    maybe_train,
+    seeded_step,
     start_trainer,
-    take_step,
+    train_next_version,
     untrained_note,
 )
 from harness.config.errors import UserError
@@ -77,7 +77,7 @@ def follow(
     )
     taken = skipped = 0
     while steps is None or taken < steps:
-        metrics = maybe_train(trainer, None)
+        metrics = train_next_version(trainer, None)
         if metrics is not None:
             taken += metrics.skipped is None
             skipped += metrics.skipped is not None
@@ -147,7 +147,7 @@ def train_offline(
         # Each process takes its share of each batch; the wrapper sums the gradients.
         share = batches[index % len(batches)][rank::processes]
         seed = training.seed * 1_000_003 + index
-        metrics = take_step(policy, config, share, seed=seed)
+        metrics = seeded_step(policy, config, share, seed=seed)
         history.append(metrics)
         if on_step is not None and parallel.main:
             on_step(metrics)

@@ -1,15 +1,15 @@
 """The bridge to trainer/: one training setup for every way the policy is trained, with groups
 from the store as tensors.
 
-    policy, step = load_policy(settings)                  # TrainSettings -> what a step needs
-    metrics = take_step(policy, step, groups, seed=1)
+    policy, train_config = load_policy(settings)  # TrainSettings -> what a step needs
+    metrics = seeded_step(policy, train_config, groups, seed=1)
 
 Inside a campaign, one step on the oldest unused groups after every K new ones:
 
     trainer = start_trainer(config, store, campaign_id, name, objectives)  # None: no training
     generator = trainer_generator(config, trainer)                  # sees the policy's weights
     ...
-    metrics = maybe_train(trainer, generator)                       # between two generations
+    metrics = train_next_version(trainer, generator)                       # between two generations
 
 Beside workers, `follow` does the same as groups come in (`vpo train --follow`); offline,
 `train_offline` learns from every group of a campaign (`vpo train --db`); on an answer
@@ -117,7 +117,7 @@ def load_policy(
     return policy, step
 
 
-def take_step(
+def seeded_step(
     policy: Policy,
     config: TrainConfig,
     groups: Sequence[Group],
@@ -191,7 +191,7 @@ def start_trainer(
         return None
     latest = store.latest_policy(campaign_id)
     changed = store.first_changed_policy(campaign_id)
-    policy, step = load_policy(
+    policy, train_config = load_policy(
         config.training(), resume=None if latest is None else latest.path, parallel=parallel
     )
     if latest is not None and policy.step != latest.step:
@@ -207,7 +207,7 @@ def start_trainer(
         candidates=config.candidates,
         seed=config.seed,
         policy=policy,
-        config=step,
+        config=train_config,
         folder=policy_folder(config, store, campaign_name),
         name=campaign_name,
         version_id=None if latest is None else latest.id,
@@ -297,7 +297,7 @@ def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Gener
     return generator
 
 
-def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMetrics | None:
+def train_next_version(trainer: CampaignTrainer, generator: Generator | None) -> StepMetrics | None:
     """One step on the oldest `every` unused groups when that many wait; None otherwise. A step
     that changed nothing (`metrics.skipped`) is recorded as skipped, with its groups, and
     neither saved nor published. On several processes (`vpo train --follow` under torchrun) the
@@ -325,7 +325,7 @@ def maybe_train(trainer: CampaignTrainer, generator: Generator | None) -> StepMe
     step = trainer.policy.step + 1
     # The Dirichlet draws of step s depend only on (seed, s): a resumed run redoes them exactly.
     seed = int.from_bytes(hashlib.sha256(f"{trainer.seed}:{step}".encode()).digest()[:8], "big")
-    metrics = take_step(trainer.policy, trainer.config, groups, seed=seed >> 1)
+    metrics = seeded_step(trainer.policy, trainer.config, groups, seed=seed >> 1)
     if metrics.skipped is not None:
         # Every process skipped (the norm and the token count are the whole step's).
         if parallel.main:
