@@ -144,3 +144,36 @@ def test_a_database_a_newer_release_migrated_is_refused_in_one_line(
     assert exited.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "revision 0099" in err and "upgrade vpo-evolve" in err
+
+
+def test_vpo_db_upgrade_migrates_explicitly_and_says_what_it_did(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """For a database its readers cannot migrate: `vpo db upgrade` does, on SQLite after a
+    backup copy, and says from which revision to which; run again, it has nothing to do."""
+    Store.open(db_url).close()
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrations.HERE, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "9999_later.py").write_text(LATER)
+    monkeypatch.setattr(migrations, "HERE", scripts)
+    with pytest.raises(SchemaError, match="this vpo-evolve reads revision later"):
+        Store.open(db_url, read_only=True)
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    said = capsys.readouterr().out
+    assert f"migrated from revision {TODAY} to revision later" in said, said
+    assert revision_of(db_url) == "later"
+    Store.open(db_url, read_only=True).close()  # readers read it now
+    if db_url.startswith("sqlite"):
+        assert len(list(tmp_path.glob(f"vpo.db.backup-{TODAY}"))) == 1
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert "is at revision later already: nothing to migrate" in capsys.readouterr().out
+
+
+def test_vpo_db_upgrade_of_a_missing_database_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        main(["db", "upgrade", "--db", str(tmp_path / "none.db")])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "none.db" in err, err

@@ -67,6 +67,24 @@ def _add_views(db_commands: Any) -> None:
     sub.add_argument("--what", default="programs", help="programs or trajectories")
     sub.add_argument("--format", dest="fmt", default="jsonl", help="jsonl or parquet")
     sub.add_argument("--out", required=True, help="file to write")
+    sub = db_commands.add_parser(
+        "upgrade",
+        help="migrate a database to this release's schema now (a writable open does it on its "
+        "own; read-only users cannot), after a backup copy of a SQLite file",
+    )
+    sub.add_argument("--db", required=True, help="database file or URL")
+    sub.set_defaults(handler=cmd_upgrade)
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from harness.store import Store, migrations
+
+    where, before, after = Store.upgrade(args.db)
+    if before == migrations.head():
+        print(f"{where} is at {after} already: nothing to migrate")
+    else:
+        print(f"{where} migrated from {migrations.named(before)} to {after}")
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -70,6 +70,29 @@ class Database:
             raise
         return cls(engine, where)
 
+    @classmethod
+    def upgrade(cls, target: str | os.PathLike[str]) -> tuple[str, str | None, str]:
+        """Migrate an existing database to this release's revision now (what a writable open
+        does on its own), for one that read-only users open: (where, the revision it was at,
+        the one it is at). Never creates one."""
+        url = _database_url(target, create=False)
+        where = _describe(url)
+        engine = _make_engine(url, read_only=False)
+        try:
+            with engine.connect() as connection:
+                is_new, before = _check_schema(connection, where)
+            if is_new:
+                raise SchemaError(f"{where} is empty, not a vpo-evolve database")
+            _prepare(engine, where, create=False)
+            with engine.connect() as connection:
+                after = migrations.current(connection)
+        except DBAPIError as exc:
+            sqlite = url.get_backend_name() == "sqlite"
+            raise _open_error(exc.orig, where, sqlite, connecting=True) from exc
+        finally:
+            engine.dispose()
+        return where, before, migrations.named(after)
+
     @property
     def engine(self) -> Engine:
         return self._engine
@@ -240,7 +263,7 @@ def _connect_read_only(path: str) -> sqlite3.Connection:
 def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = False) -> None:
     """Check the schema version and revision; create the tables when the database is empty,
     and migrate it to the head revision when it is behind (writers only; see
-    `harness.migrations`)."""
+    `harness.store.migrations`)."""
     sqlite = engine.dialect.name == "sqlite"
     try:
         with engine.connect() as connection:
@@ -253,7 +276,7 @@ def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = Fals
             if not read_only:
                 _migrate(engine, where)
             elif revision is not None:
-                # A database from before migrations is read as it is (`harness.migrations`).
+                # A database from before migrations is read as it is (`harness.store.migrations`).
                 raise SchemaError(
                     f"{where} is at {migrations.named(revision)}; this vpo-evolve reads "
                     f"{migrations.named(migrations.head())}: open it once with a command that "

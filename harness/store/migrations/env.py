@@ -1,4 +1,4 @@
-"""Alembic's environment: runs the revisions on the connection `harness.migrations` hands over
+"""Alembic's environment: runs the revisions on the connection `harness.store.migrations` hands over
 (in `config.attributes["connection"]`), inside that connection's transaction. Offline (SQL
 script) mode is not offered: a campaign database is migrated by opening it."""
 
