@@ -134,6 +134,26 @@ def test_plots_are_written(database: str, tmp_path: Path, capsys: pytest.Capture
     assert "--pair needs two of the objectives a, b" in capsys.readouterr().err
 
 
+def test_the_training_plot_draws_every_stored_step_metric() -> None:
+    from datetime import UTC, datetime
+
+    from harness.inspect.exports import training_panels
+    from harness.records import PolicyRecord
+    from trainer.train import StepMetrics
+
+    metrics = StepMetrics(
+        step=1, groups=1, rollouts=4, tokens=80, loss=0.1, policy_loss=0.1, kl=0.0,
+        clip_fraction=0.0, mean_ratio=1.0, sampler_fraction=1.0, staleness=0.0,
+        fresh_gap=None, grad_norm=0.5, trained=4, set_score=0.2, zero_std_fraction=0.0,
+        diversity=0.1, seconds=1.0, tokens_per_second=80.0, advantage="vpo",
+    ).as_dict()  # fmt: skip
+    stored = [PolicyRecord(1, 1, 1, "p", metrics, datetime.now(UTC))]
+    numbers = {k for k, v in metrics.items() if isinstance(v, int | float) and k != "step"}
+    assert set(training_panels(stored)) == numbers
+    assert {"loss", "kl", "grad_norm", "set_score", "diversity", "clip_fraction"} <= numbers
+    assert training_panels([]) == []
+
+
 def test_migrant_copies_are_listed_once(database: str, capsys: pytest.CaptureFixture) -> None:
     store = Store.open(database)
     store.record_iteration(

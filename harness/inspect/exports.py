@@ -12,7 +12,7 @@ import numpy as np
 
 from harness.config.errors import UserError
 from harness.inspect.views import measure_series, program_row
-from harness.records import IterationMeasures
+from harness.records import IterationMeasures, PolicyRecord
 from harness.store import Store
 from problems.api import record_note
 from trainer.measures import pareto_front
@@ -54,7 +54,7 @@ def plot(
     store: Store, campaign_id: int, out: Path, pair: Sequence[str] | None = None
 ) -> list[Path]:
     """PNG files in `out`: best value per objective over evaluations, the Pareto front of each
-    pair of objectives (or of `pair`), diversity and set score over training steps, pool
+    pair of objectives (or of `pair`), every stored step metric over the training steps, pool
     diversity and parse rate per iteration, and evaluations and tokens over time. Returns the
     files written."""
     import itertools
@@ -96,14 +96,7 @@ def plot(
         axis.set(xlabel=x_name, ylabel=y_name, title=f"Pareto front: {x_name} vs {y_name}")
         written.append(_save(figure, axis, out / f"pareto_{_file(x_name)}_{_file(y_name)}.png"))
 
-    policies = store.policies(campaign_id)
-    figure, axis = plt.subplots(figsize=(7, 4))
-    steps = [p.step for p in policies]
-    for key in ("diversity", "set_score"):
-        axis.plot(steps, [p.metrics.get(key, np.nan) for p in policies], "o-", label=key)
-    title = "Training" if policies else "Training (no policy versions yet)"
-    axis.set(xlabel="training step", ylabel="value", title=title)
-    written.append(_save(figure, axis, out / "training.png"))
+    written.append(_plot_training(store.policies(campaign_id), out / "training.png"))
     written.append(_plot_measures(store.iteration_measures(campaign_id), out / "iterations.png"))
 
     timeline = store.timeline(campaign_id)
@@ -122,6 +115,44 @@ def plot(
     axis.set(xlabel="minutes", ylabel="programs stored", title="Evaluations and tokens")
     written.append(_save(figure, axis, out / "progress.png"))
     return written
+
+
+def training_panels(policies: Sequence[PolicyRecord]) -> list[str]:
+    """The step metrics training.png draws: every number a version stored but its step."""
+    return sorted(
+        {
+            key
+            for p in policies
+            for key, value in p.metrics.items()
+            if key != "step" and isinstance(value, int | float) and not isinstance(value, bool)
+        }
+    )
+
+
+def _plot_training(policies: Sequence[PolicyRecord], path: Path) -> Path:
+    """Every number a training step stored (loss, KL, gradient norm, set score, diversity,
+    clipping, tokens/s, ...), one small panel each, over the policy versions."""
+    import matplotlib.pyplot as plt
+
+    steps = [p.step for p in policies]
+    keys = training_panels(policies)
+    columns = 4
+    rows = max(1, -(-len(keys) // columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
+    for axis, key in zip(axes.flat, keys, strict=False):
+        values = [p.metrics.get(key) for p in policies]
+        axis.plot(steps, [np.nan if v is None else v for v in values], "o-", markersize=3)
+        axis.set_title(key, fontsize=9)
+        axis.tick_params(labelsize=7)
+    for axis in list(axes.flat)[len(keys) :]:
+        axis.axis("off")
+    title = "Training steps" if policies else "Training (no policy versions yet)"
+    figure.suptitle(title)
+    figure.supxlabel("training step")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def _plot_measures(recorded: Sequence[IterationMeasures], path: Path) -> Path:
