@@ -102,10 +102,87 @@ def test_tensorboard_and_mlflow_hold_every_iteration_and_step_and_a_resume_appen
     store.close()
 
 
-def test_an_absent_tracker_is_one_line_naming_the_extra_before_the_campaign_starts(
-    tmp_path: Path,
+def wandb_history(folder: Path) -> tuple[list[dict[str, object]], dict[str, object]]:
+    """The history rows and the config of the offline wandb runs under `folder`, read from
+    their `.wandb` files: wandb's record log (a 7-byte header, then records of a 7-byte header,
+    checksum, length and kind, in 32 KiB blocks), each record one of wandb's protobufs. wandb
+    0.31 keeps its reader in Go (`wandb sync`), so the log is read here."""
+    import json
+
+    from wandb.proto import wandb_internal_pb2
+
+    rows: list[dict[str, object]] = []
+    config: dict[str, object] = {}
+    for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
+        data = path.read_bytes()
+        assert data[:4] == b":W&B", path
+        position, block, pieces = 7, 32768, b""
+        while position + 7 <= len(data):
+            left = block - position % block
+            length = int.from_bytes(data[position + 4 : position + 6], "little")
+            kind = data[position + 6]
+            if left < 7 or (length == 0 and kind == 0):  # the rest of a block is padding
+                position += left
+                continue
+            chunk = data[position + 7 : position + 7 + length]
+            position += 7 + length
+            pieces = chunk if kind in (1, 2) else pieces + chunk
+            if kind not in (1, 4):  # a record's first or middle piece
+                continue
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pieces)
+            if record.WhichOneof("record_type") == "history":
+                rows.append(
+                    {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                     for i in record.history.item}
+                )  # fmt: skip
+            elif record.WhichOneof("record_type") in ("config", "run"):
+                update = record.config if record.HasField("config") else record.run.config
+                for item in update.update:
+                    config[item.key] = json.loads(item.value_json)
+    return rows, config
+
+
+def test_wandb_offline_and_trackio_hold_every_iteration_and_step(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert importlib.util.find_spec("trackio") is None  # not installed here, on purpose
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    store = Store.open(tmp_path / "run.db")
+    config = {**settings(tiny_model, 3), "report_to": ["wandb", "trackio"]}
+    campaign_id = run_campaign(build(config), store, CirclePacking())
+    stored = store.policies(campaign_id)[0].metrics["loss"]
+    folder = tmp_path / "run.trackers" / "circle_packing"
+
+    rows, logged = wandb_history(folder / "wandb")
+    iterations = [r for r in rows if "iteration/parse_rate" in r]
+    assert [r["iteration"] for r in iterations] == [1, 2, 3]
+    assert all(r["iteration/hypervolume"] > 0 for r in iterations)
+    (step,) = [r for r in rows if "train/loss" in r]
+    assert step["train/step"] == 1 and step["train/loss"] == pytest.approx(stored)
+    assert logged["iterations"] == {"value": 3} or logged["iterations"] == 3
+
+    # trackio's folder is fixed when it is first imported: the campaign's, as it imported it.
+    from trackio.sqlite_storage import SQLiteStorage
+
+    assert SQLiteStorage.get_project_db_path("vpo-evolve").parent == folder / "trackio"
+    (run,) = SQLiteStorage.get_runs("vpo-evolve")
+    logs = SQLiteStorage.get_logs("vpo-evolve", run)
+    assert [r["iteration"] for r in logs if "iteration/parse_rate" in r] == [1, 2, 3]
+    (step,) = [r for r in logs if "train/loss" in r]
+    assert step["train/step"] == 1 and step["train/loss"] == pytest.approx(stored)
+    assert SQLiteStorage.get_run_config("vpo-evolve", run)["iterations"] == 3
+    store.close()
+
+
+def test_an_absent_tracker_is_one_line_naming_the_extra_before_the_campaign_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every tracker is installed for the tests: trackio's absence is made for this one.
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "trackio" else real(name, *a)
+    )
     store = Store.open(tmp_path / "run.db")
     config = build(fast_settings("no-such-model", report_to=["trackio"]))
     with pytest.raises(UserError) as info:

@@ -215,16 +215,18 @@ class Trackio:
         os.environ.setdefault("TRACKIO_DIR", str(folder.resolve()))  # read when it is imported
         import trackio
 
-        self.trackio = trackio
+        # The run itself, not trackio's module functions: those find the run in a context
+        # variable, which a campaign's other threads (its iterations are stored off the main
+        # one) do not see ("Call trackio.init() before trackio.log()").
         self.run = trackio.init(
             project=PROJECT, name=f"{name}-{run}", config=parameters(config), resume="allow"
         )
 
     def log(self, metrics: dict[str, float], step: int, axis: str) -> None:
-        self.trackio.log({**metrics, axis: step}, step=step)
+        self.run.log({**metrics, axis: step}, step=step)
 
     def close(self) -> None:
-        self.trackio.finish()
+        self.run.finish()
 
 
 BACKENDS: dict[str, type] = {
