@@ -208,3 +208,23 @@ def test_report_to_comes_from_a_toml_list_or_a_comma_flag(tmp_path: Path) -> Non
         with pytest.raises(UserError, match="'report_to' must be a list") as info:
             build({"report_to": bad})
         assert "\n" not in str(info.value)
+
+
+def test_vpo_train_follow_reports_its_steps_to_the_campaigns_run(
+    tmp_path: Path, tiny_model: str
+) -> None:
+    """A follower trains beside workers: its steps go to the campaign's own tracker run (the
+    folder and run the campaign's iterations went to), after them."""
+    from harness.campaign.offline import follow
+
+    store = Store.open(tmp_path / "run.db")
+    untrained = {**settings(tiny_model, 4), "train_every": 0, "report_to": ["tensorboard"]}
+    campaign_id = run_campaign(build(untrained), store, CirclePacking())
+    campaign = store.campaigns()[0]
+    say: list[str] = []
+    assert follow(store, campaign, {"train_every": 2}, steps=2, poll=0.01, say=say.append) == 2
+    tags = scalars(tmp_path / "run.trackers" / "circle_packing" / "tensorboard")
+    assert tags["iteration/parse_rate"] == [1, 2, 3, 4]
+    assert tags["train/loss"] == [1, 2]
+    assert [p.step for p in store.policies(campaign_id)] == [1, 2]
+    store.close()

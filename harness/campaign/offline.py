@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.campaign.rewards import to_group
+from harness.campaign.trackers import open_reporter
 from harness.campaign.training import (
     load_policy,
     seeded_step,
@@ -75,19 +76,32 @@ def follow(
         f"following campaign {campaign.name!r} of {store.where}: a step every {every} new "
         f"groups, versions in {trainer.folder}"
     )
+    # The campaign's trackers get the steps, on its run (the workers' iterations are in the
+    # database; `vpo status` and the dashboard read them there).
+    reporter = (
+        open_reporter(config, store, campaign.id, campaign.name, trainer.objectives)
+        if parallel.main
+        else None
+    )
     taken = skipped = 0
-    while steps is None or taken < steps:
-        metrics = train_next_version(trainer, None)
-        if metrics is not None:
-            taken += metrics.skipped is None
-            skipped += metrics.skipped is not None
-            say(metrics.line())
-            continue
-        done = store.iterations_done(campaign.id) >= config.iterations
-        # Every group is in; fewer than `every` are left unused.
-        if parallel.broadcast(done and store.open_claims(campaign.id) == 0):
-            break
-        time.sleep(poll)
+    try:
+        while steps is None or taken < steps:
+            metrics = train_next_version(trainer, None)
+            if metrics is not None:
+                taken += metrics.skipped is None
+                skipped += metrics.skipped is not None
+                say(metrics.line())
+                if reporter is not None and metrics.skipped is None:
+                    reporter.train_step(metrics)
+                continue
+            done = store.iterations_done(campaign.id) >= config.iterations
+            # Every group is in; fewer than `every` are left unused.
+            if parallel.broadcast(done and store.open_claims(campaign.id) == 0):
+                break
+            time.sleep(poll)
+    finally:
+        if reporter is not None:
+            reporter.close()
     also = f" ({skipped} more skipped, see above)" if skipped else ""
     say(f"{taken} steps{also}; the last policy version is step {trainer.policy.step}")
     note = untrained_note(store, campaign.id, every) if parallel.main else None
