@@ -2,7 +2,8 @@
 
     python benchmarks/discovery.py [--arms none,grpo,vpo] [--seeds 0,1,2] [--model qwen-coder]
         [--token-budget 4000] [--group-size 4] [--max-tokens 320] [--concurrency 2]
-        [--train-every 2] [--micro-batch 8] [--keep DIR] [--out FILE.md] [--plot FILE.png]
+        [--train-every 2] [--micro-batch 8] [--keep DIR [--extend]] [--out FILE.md]
+        [--plot FILE.png]
 
 Arms, on one problem (equation_discovery:oscillator1) with the same model, backend, G,
 max_tokens, temperature, token budget and LoRA settings:
@@ -227,8 +228,10 @@ def run(
     of its stderr."""
     db = database(folder, arm, seed)
     log = db.with_suffix(".stderr")
+    # --extend: a kept run goes on to the larger budget; its wall clock adds to the first one's.
+    before = float(db.with_suffix(".wall").read_text()) if db.exists() else 0.0
     started = time.perf_counter()
-    with log.open("w") as stderr:
+    with log.open("a" if before else "w") as stderr:
         # Its own process group, so that a stopped benchmark stops the run with its sandbox.
         process = subprocess.Popen(
             run_command(arm, seed, args, db),
@@ -246,7 +249,7 @@ def run(
             returncode = process.wait()
         finally:
             stop(process)
-    wall = time.perf_counter() - started
+    wall = before + time.perf_counter() - started
     db.with_suffix(".wall").write_text(f"{wall:.1f}\n")  # for --report-from
     if returncode != 0:
         lines = [line.strip() for line in log.read_text().splitlines() if line.strip()]
@@ -621,6 +624,12 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="keep each run's database, log and summary (.run.json) here"
     )
+    parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="with --keep DIR: resume the runs kept there to this (larger) --token-budget, "
+        "each campaign going on from its last policy version (the wall clock adds up)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")
     parser.add_argument(
@@ -641,6 +650,8 @@ def main() -> None:
         parser.error(f"--seeds takes whole numbers separated by commas; got {args.seeds!r}")
     if args.token_budget <= 0:
         parser.error("--token-budget must be > 0: the arms are compared at an equal budget")
+    if args.extend and args.keep is None:
+        parser.error("--extend goes on with the runs of --keep DIR: give it")
 
     plan = [(arm, seed) for seed in args.seeds for arm in arms]
     if args.report_from:
@@ -662,9 +673,19 @@ def main() -> None:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         there = [str(database(folder, *pair)) for pair in plan if database(folder, *pair).exists()]
-        if there:
+        if there and not args.extend:
             # A run on an existing database would resume it, not start afresh on the clock.
-            raise SystemExit(f"already there: {', '.join(there)}; remove or --keep elsewhere")
+            raise SystemExit(
+                f"already there: {', '.join(there)}; remove them, --keep elsewhere, or "
+                "--extend them to a larger --token-budget"
+            )
+        if args.extend and len(there) != len(plan):
+            missing = [
+                str(database(folder, *pair))
+                for pair in plan
+                if str(database(folder, *pair)) not in there
+            ]
+            raise SystemExit(f"--extend goes on with kept runs; not there: {', '.join(missing)}")
         unprobed = {m for m, _ in ARMS.values()}  # version 0 is probed once per m
         for n, (arm, seed) in enumerate(plan, 1):
             label = f"[{n}/{len(plan)} {arm} seed {seed}]"

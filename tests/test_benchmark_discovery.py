@@ -171,3 +171,23 @@ def test_a_run_summary_gives_back_the_run_it_was_written_from(tmp_path: Path) ->
     assert back.best.tolist() == [0.3, 0.4] and back.trained_share == 24 / 28
     with pytest.raises(SystemExit, match="missing"):
         discovery.kept_run("grpo", 1, tmp_path)
+
+
+def test_extend_goes_on_with_kept_runs_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--extend resumes the runs of --keep DIR to a larger budget: without --keep, or with a
+    run of the plan not kept there, it says so before anything runs."""
+
+    def main(*argv: str) -> str:
+        monkeypatch.setattr(sys, "argv", ["discovery.py", *argv])
+        with pytest.raises(SystemExit) as exit:
+            discovery.main()
+        return f"{exit.value.code} {capsys.readouterr().err}"
+
+    assert "--extend goes on with the runs of --keep DIR" in main("--extend")
+    (tmp_path / "vpo-seed0.db").write_bytes(b"")
+    said = main("--extend", "--keep", str(tmp_path), "--arms", "vpo,grpo", "--seeds", "0")
+    assert "not there: " in said and "grpo-seed0.db" in said and "vpo-seed0.db" not in said
+    said = main("--keep", str(tmp_path), "--arms", "vpo", "--seeds", "0")
+    assert "already there" in said and "--extend" in said
