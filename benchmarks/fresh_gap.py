@@ -70,7 +70,7 @@ def measure(policy: Any, completions: list[Any], dtype: Any, micro_batch: int) -
     import torch
 
     from trainer.logprobs import token_batch, token_logprobs
-    from trainer.train import sampler_gaps
+    from trainer.passes import sampler_gaps
 
     policy.autocast_dtype = dtype
     tokens: list[float] = []

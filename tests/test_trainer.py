@@ -13,13 +13,7 @@ from trainer.logprobs import completion_logprobs, token_batch
 from trainer.loss import LossConfig, policy_loss
 from trainer.measures import pool_diversity
 from trainer.policy import Policy, PolicyConfig
-from trainer.train import (
-    Group,
-    Rollout,
-    TrainConfig,
-    compute_advantages,
-    train_step,
-)
+from trainer.train import Group, Rollout, TrainConfig, compute_advantages, train_step
 
 # -- loss ---------------------------------------------------------------------------------------
 

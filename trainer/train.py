@@ -41,14 +41,12 @@ from trainer.logprobs import (
     PACKABLE,
     Row,
     attention_kind,
-    completion_logprobs,
     cut,
-    pass_batch,
     plan_passes,
-    token_logprobs,
 )
-from trainer.loss import LossConfig, policy_loss
+from trainer.loss import LossConfig
 from trainer.measures import pool_diversity
+from trainer.passes import Passes
 from trainer.policy import Policy
 
 ADVANTAGES = tuple(ESTIMATORS)
@@ -300,7 +298,7 @@ def train_step(
     policy.optimizer.zero_grad(set_to_none=True)
     order, plan, unshared = _plan(policy, rows, advantages.per_rollout, config)
     passes = int(parallel.max(len(plan)))
-    ran = _Passes(policy, config, rows, rollouts, advantages.per_rollout, total_tokens)
+    ran = Passes(policy, config, rows, rollouts, advantages.per_rollout, total_tokens)
     for index in range(passes):
         ran.run(plan[index] if index < len(plan) else [], last=index == passes - 1)
     if ran.mismatched:
@@ -379,94 +377,6 @@ def _rows(rollouts: Sequence[Rollout], config: TrainConfig) -> tuple[list[Row], 
     return rows, shortened
 
 
-class _Passes:
-    """The forward and backward passes of one step, one micro-batch each, and what they
-    measured: the loss parts summed, the gap between the sampler's log-probs and the current
-    weights' on the rollouts those weights sampled, and the rollouts too far apart."""
-
-    def __init__(
-        self,
-        policy: Policy,
-        config: TrainConfig,
-        rows: Sequence[Row],
-        rollouts: Sequence[Rollout],
-        advantages: Sequence[float],
-        total_tokens: int,
-    ) -> None:
-        self.policy, self.config, self.rows, self.rollouts = policy, config, rows, rollouts
-        self.advantages, self.total_tokens = advantages, total_tokens
-        self.pad = policy.tokenizer.pad_token_id or 0
-        self.sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
-        self.gap, self.gap_tokens, self.mismatched = 0.0, 0, 0
-
-    def run(self, packs: Sequence[Sequence[int]], *, last: bool) -> None:
-        policy, config, parallel = self.policy, self.config, self.policy.parallel
-        chosen = [i for pack in packs for i in pack]
-        batch = pass_batch(self.rows, packs, self.pad, policy.device)
-        # The wrapper reduces the gradients after the last pass only.
-        with parallel.gradient_sync(policy.scorer, last), policy.autocast():
-            logprobs, log_mass = token_logprobs(
-                policy.scorer, batch, config.temperature, config.top_p, config.logit_chunk
-            )
-        ref = None
-        if policy.has_reference and config.loss.beta > 0:
-            with torch.no_grad(), policy.reference_scorer() as reference, policy.autocast():
-                ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
-        old = self._old_logprobs(batch, logprobs.detach(), log_mass, chosen)
-        values = torch.tensor(
-            [self.advantages[i] for i in chosen] or [0.0],
-            dtype=logprobs.dtype,
-            device=logprobs.device,
-        )
-        loss, parts = policy_loss(
-            logprobs,
-            old,
-            values,
-            batch["completion_mask"],
-            ref_logprobs=ref,
-            config=config.loss,
-            total_tokens=self.total_tokens,
-        )
-        # The wrappers average the processes' gradients; the loss is already a share of the
-        # whole step's token mean, so they are to be summed.
-        weight = parallel.world if chosen else 0.0
-        with parallel.gradient_sync(policy.scorer, last):
-            (loss * weight).backward()
-        if chosen:
-            self.sums["loss"] += float(loss.detach())
-            self.sums["policy"] += parts.policy
-            self.sums["kl"] += parts.kl
-            self.sums["clipped"] += parts.clipped
-            self.sums["ratio"] += parts.ratio
-
-    def _old_logprobs(
-        self, batch: dict[str, Tensor], current: Tensor, log_mass: Tensor | None, chosen: list[int]
-    ) -> Tensor:
-        """The PPO ratio's old log-probs: the sampler's where a rollout has them and they are
-        of the distribution it was drawn from, else the current weights'."""
-        # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
-        # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
-        sampled = batch["sampler_logprobs"]
-        if log_mass is not None:
-            sampled = sampled + log_mass
-        # Rollouts the current weights sampled: both log-probs are of one distribution, apart
-        # by rounding alone. One far beyond that was drawn from another distribution (a server
-        # that applied top_k or a repetition penalty); its ratio would be off on every token,
-        # so its old log-probs are recomputed, as for a rollout without sampler log-probs.
-        has = batch["has_sampler"]
-        step = self.policy.step
-        fresh = has & torch.tensor(
-            [self.rollouts[i].version == step for i in chosen] or [False], device=has.device
-        )
-        tokens = batch["completion_mask"] & fresh.unsqueeze(-1)
-        gaps, row_gaps = sampler_gaps(current, sampled, tokens)
-        off = row_gaps > self.config.mismatch_gap
-        self.gap += float(gaps.sum())
-        self.gap_tokens += int(tokens.sum())
-        self.mismatched += int(off.sum())
-        return torch.where((has & ~off).unsqueeze(-1), sampled, current)
-
-
 def _optimiser_step(policy: Policy, passes: int) -> tuple[float, str | None]:
     """Clip and step (when some process ran a pass: a step of nothing would still decay the
     weights); the gradient norm, and why no step was taken where its norm is not finite."""
@@ -502,13 +412,6 @@ def _warn_mismatch(rollouts: int, fresh_gap: float, config: TrainConfig) -> None
         "from the model's generation_config.json or extra_body). Fix: start vllm serve with "
         "--logprobs-mode processed_logprobs --generation-config vllm (docs/scale.md)"
     )
-
-
-def sampler_gaps(logprobs: Tensor, sampled: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
-    """|trainer - sampler| log-prob of each token `tokens` marks, 0 elsewhere (N, C), and each
-    row's mean of it over its marked tokens (N,), 0 for a row with none."""
-    gaps = (logprobs - sampled).abs() * tokens
-    return gaps, gaps.sum(dim=-1) / tokens.sum(dim=-1).clamp(min=1)
 
 
 def _nothing_left(shortened: int, rollouts: int, max_tokens: int) -> str:
