@@ -52,6 +52,12 @@ def settings(model: str, iterations: int) -> dict[str, object]:
     )
 
 
+def campaign_folder(root: Path) -> Path:
+    """The one folder the circle_packing campaign's trackers wrote under `root/trackers`."""
+    (folder,) = (root / "trackers").glob("circle_packing-*")
+    return folder
+
+
 def scalars(folder: Path) -> dict[str, list[int]]:
     """The steps of each scalar tag of the TensorBoard event files in `folder`."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -62,14 +68,15 @@ def scalars(folder: Path) -> dict[str, list[int]]:
 
 
 def test_tensorboard_and_mlflow_hold_every_iteration_and_step_and_a_resume_appends(
-    tmp_path: Path, tiny_model: str
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlflow.tracking import MlflowClient
 
+    monkeypatch.chdir(tmp_path)
     store = Store.open(tmp_path / "run.db")
     problem = CirclePacking()
     campaign_id = run_campaign(build(settings(tiny_model, 3)), store, problem)
-    folder = tmp_path / "run.trackers" / "circle_packing"
+    folder = campaign_folder(tmp_path)
     objectives = {f"best/{o.name}" for o in problem.objectives}
 
     tags = scalars(folder / "tensorboard")
@@ -146,13 +153,14 @@ def wandb_history(folder: Path) -> tuple[list[dict[str, object]], dict[str, obje
 def test_wandb_offline_and_trackio_hold_every_iteration_and_step(
     tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     store = Store.open(tmp_path / "run.db")
     config = {**settings(tiny_model, 3), "report_to": ["wandb", "trackio"]}
     campaign_id = run_campaign(build(config), store, CirclePacking())
     stored = store.policies(campaign_id)[0].metrics["loss"]
-    folder = tmp_path / "run.trackers" / "circle_packing"
+    folder = campaign_folder(tmp_path)
 
     rows, logged = wandb_history(folder / "wandb")
     iterations = [r for r in rows if "iteration/parse_rate" in r]
@@ -211,20 +219,44 @@ def test_report_to_comes_from_a_toml_list_or_a_comma_flag(tmp_path: Path) -> Non
 
 
 def test_vpo_train_follow_reports_its_steps_to_the_campaigns_run(
-    tmp_path: Path, tiny_model: str
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A follower trains beside workers: its steps go to the campaign's own tracker run (the
     folder and run the campaign's iterations went to), after them."""
     from harness.campaign.offline import follow
 
+    monkeypatch.chdir(tmp_path)
     store = Store.open(tmp_path / "run.db")
     untrained = {**settings(tiny_model, 4), "train_every": 0, "report_to": ["tensorboard"]}
     campaign_id = run_campaign(build(untrained), store, CirclePacking())
     campaign = store.campaigns()[0]
     say: list[str] = []
     assert follow(store, campaign, {"train_every": 2}, steps=2, poll=0.01, say=say.append) == 2
-    tags = scalars(tmp_path / "run.trackers" / "circle_packing" / "tensorboard")
+    folder = campaign_folder(tmp_path)
+    assert f"reporting to tensorboard in {folder}" in say
+    tags = scalars(folder / "tensorboard")
     assert tags["iteration/parse_rate"] == [1, 2, 3, 4]
     assert tags["train/loss"] == [1, 2]
     assert [p.step for p in store.policies(campaign_id)] == [1, 2]
     store.close()
+
+
+@pytest.mark.postgres
+def test_every_engine_reports_under_one_default_folder_one_per_database(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`./trackers/NAME-RUN` for SQLite and PostgreSQL alike; two databases that each hold a
+    campaign of the same name write to two folders, and `tracker_dir` moves them all."""
+    from harness.campaign.trackers import tracker_folder
+
+    monkeypatch.chdir(tmp_path)
+    folders = []
+    for where in (tmp_path / "a.db", tmp_path / "b.db", postgres_url):
+        store = Store.open(where)
+        folders.append(tracker_folder(build({}), store, 1, "circle packing"))
+        moved = tracker_folder(build({"tracker_dir": "t"}), store, 1, "circle packing")
+        assert moved == tmp_path / "t" / folders[-1].name
+        store.close()
+    assert {f.parent for f in folders} == {tmp_path / "trackers"}
+    assert all(f.name.startswith("circle_packing-") for f in folders)
+    assert len({f.name for f in folders}) == 3

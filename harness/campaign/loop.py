@@ -124,6 +124,8 @@ def run_campaign(
             campaign.spend = spend if counts_spend(config) else None
             name = config.name or problem.name
             campaign.reporter = open_reporter(config, store, campaign_id, name, campaign.objectives)
+            if campaign.reporter is not None and say:
+                say(f"reporting to {', '.join(config.report_to)} in {campaign.reporter.folder}")
             if store.missing_iterations(campaign_id, config.iterations):
                 campaign.trainer = start_trainer(
                     config, store, campaign_id, name, campaign.objectives

@@ -83,6 +83,8 @@ def follow(
         if parallel.main
         else None
     )
+    if reporter is not None:
+        say(f"reporting to {', '.join(config.report_to)} in {reporter.folder}")
     taken = skipped = 0
     try:
         while steps is None or taken < steps:

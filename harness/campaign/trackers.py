@@ -10,11 +10,12 @@ hypervolume of the valid programs' score vectors (reference point 0), and this r
 and evaluations/s. Per training step: every number `trainer.train.StepMetrics` holds. The
 campaign's settings are the run's parameters, logged when the tracker's run is created.
 
-Each tracker writes under one folder per campaign, beside a SQLite database
-(`runs/x.db` -> `runs/x.trackers/NAME/tensorboard`, `.../mlflow`, `.../wandb`, `.../trackio`)
-or under `tracker_dir`. A resumed campaign continues the same run: the run id is derived from
-the campaign's name and id, and the steps are iteration numbers and training steps, which a
-resumed campaign continues, so nothing logged is overwritten.
+Each tracker writes under one folder per campaign, whatever the database engine:
+`trackers/NAME-RUN/tensorboard`, `.../mlflow`, `.../wandb`, `.../trackio` in the working
+directory, or under `tracker_dir` (RUN: eight hex digits of the run id); the campaign says
+where when it starts. A resumed campaign continues the same run: the run id is derived from
+the campaign's name and id and the database, and the steps are iteration numbers and training
+steps, which a resumed campaign continues, so nothing logged is overwritten.
 
 Each tracker is an optional extra (`pip install 'vpo-evolve[tensorboard]'`); a missing one is
 refused before the campaign starts.
@@ -61,19 +62,13 @@ def check_installed(names: tuple[str, ...]) -> None:
             )
 
 
-def tracker_folder(config: CampaignConfig, store: Store, campaign_name: str) -> Path:
-    """`tracker_dir/NAME`, or beside a SQLite file (`runs/x.db` -> `runs/x.trackers/NAME`), or
-    `./trackers/NAME` for a server database."""
-    if config.tracker_dir:
-        root = Path(config.tracker_dir).expanduser()
-    else:
-        url = store.engine.url
-        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-            database = Path(url.database)
-            root = database.with_name(database.stem + ".trackers")
-        else:
-            root = Path("trackers")
-    return root / safe_name(campaign_name)
+def tracker_folder(config: CampaignConfig, store: Store, campaign_id: int, name: str) -> Path:
+    """`TRACKER_DIR/NAME-RUN`, the same for every database engine: TRACKER_DIR is
+    `tracker_dir`, or `trackers` in the working directory. RUN is the run id's digest, so
+    two databases that each hold a campaign of the same name never share a folder."""
+    root = Path(config.tracker_dir or "trackers").expanduser()
+    digest = run_id(store, campaign_id, name).removeprefix("vpo-")[:8]
+    return (root / f"{safe_name(name)}-{digest}").resolve()
 
 
 def run_id(store: Store, campaign_id: int, campaign_name: str) -> str:
@@ -248,6 +243,7 @@ class Reporter:
     store: Store
     campaign_id: int
     objectives: list[str]
+    folder: Path | None = None  # where the trackers write
     last_group: int = 0
     last_program: int = 0
     front: np.ndarray | None = None  # (n, d) the distinct non-dominated valid score vectors
@@ -329,13 +325,13 @@ def open_reporter(
     if not config.report_to:
         return None
     check_installed(config.report_to)
-    folder = tracker_folder(config, store, name)
+    folder = tracker_folder(config, store, campaign_id, name)
     run = run_id(store, campaign_id, name)
     trackers: list[Tracker] = []
     try:
         for tracker in config.report_to:
             trackers.append(BACKENDS[tracker](folder / tracker, run, name, config))
-        return Reporter(trackers, store, campaign_id, objectives)
+        return Reporter(trackers, store, campaign_id, objectives, folder=folder)
     except BaseException:
         for opened in trackers:
             opened.close()

@@ -208,7 +208,7 @@ class CampaignConfig:
     )
     tracker_dir: str | None = setting(
         None,
-        "where trackers write (default: beside the database, runs/NAME.trackers)",
+        "where trackers write, one folder per campaign (default: ./trackers)",
         group=REPORTING,
     )
     # costs and budgets, over the campaign's stored tokens (prompt + completion)
