@@ -59,7 +59,28 @@ def entry_key(code: str, entry: str) -> str | None:
                 reached.add(node.id)
                 waiting.append(definitions[node.id])
     kept = [s for s in tree.body if id(s) not in defined or getattr(s, "name", "") in reached]
-    module = ast.Module(body=kept, type_ignores=[])
+    return _dump_without_docstrings(ast.Module(body=kept, type_ignores=[]))
+
+
+def tree_key(code: str, entry: str | None = None) -> str | None:
+    """A short digest of what `code` computes as a syntax tree: `entry_key` with an `entry`,
+    else the whole module's tree without docstrings. Two programs with the same key differ
+    only in comments, layout, docstrings (or, with `entry`, code nothing calls): they score
+    alike. None when the code does not parse."""
+    if entry is not None:
+        key = entry_key(code, entry)
+    else:
+        try:
+            key = _dump_without_docstrings(ast.parse(code))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            key = None
+    if key is None:
+        return None
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _dump_without_docstrings(module: ast.Module) -> str | None:
+    """The module's tree as a string, docstrings dropped; None when it is too deep to dump."""
     for node in ast.walk(module):
         body = getattr(node, "body", None)
         if (
@@ -167,7 +188,8 @@ class CandidateRecord:
     before (in this iteration or earlier), found by `code_hash`; `unparsed`: nothing to run,
     `reason` says why. Unparsed candidates score zeros. `lazy`: a duplicate of the parent or of
     a program stored before this iteration (ThetaEvolve's lazy output, arXiv 2511.23473), not
-    of another candidate of the same group.
+    of another candidate of the same group; `near`: lazy because its text is a near-duplicate
+    (`harness.campaign.novelty`).
     """
 
     index: int
@@ -176,6 +198,7 @@ class CandidateRecord:
     code_hash: str | None = None
     reason: str | None = None
     lazy: bool = False
+    near: bool = False  # lazy by its text's similarity to a recent program of its island
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,7 @@ def test_overview_says_how_it_is_going_and_has_each_training_metric(database: st
         "unparsed": 2,
         "duplicate": 0,
         "lazy": 0,
+        "near": 0,
         "invalid": 0,
         "error": 1,
         "timeout": 0,

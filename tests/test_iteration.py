@@ -9,11 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.campaign.iteration import (
+    BatchKeys,
     Candidate,
     ParsedGroup,
     classify_group,
     rollout_records,
 )
+from harness.campaign.novelty import Novelty
 from harness.campaign.parsing import format_full, parse_completion
 from harness.llm import Completion
 from harness.records import code_hash, entry_key
@@ -269,14 +271,15 @@ def test_a_candidate_padding_its_parent_with_constants_is_a_lazy_duplicate() -> 
     new = "params[0] * x + params[1] * v + params[2] + params[3] * x ** 3"
     renamed = "params[4] * x ** 3 + params[2] + v * params[1] + params[0] * x"
     stored = "params[0] * np.sin(x) + params[1]"
-    known = {problem.family(compact.program(stored)) or "": "f" * 64}
-    fresh: dict[str, str] = {}
+    memory = Novelty(problem.entry, problem.family)
+    memory.families[problem.family(compact.program(stored)) or ""] = "f" * 64
+    batch = BatchKeys()
     texts = [f"<candidate_1>\n{a}\n</candidate_1>\n<candidate_2>\n{b}\n</candidate_2>" for a, b in (
         (padded, new), (renamed, "params[5] * np.sin(x) - params[3]")
     )]  # fmt: skip
     group = classify_group(
         texts, 2, parent, set(), problem.entry, compact.program,
-        family=problem.family, families=known, fresh_families=fresh,
+        family=problem.family, memory=memory, batch=batch,
     )  # fmt: skip
     (lazy, first), (again, old) = (r.candidates for r in group.rollouts)
     assert (lazy.outcome, lazy.lazy, lazy.code_hash) == ("duplicate", True, code_hash(parent))
@@ -284,7 +287,7 @@ def test_a_candidate_padding_its_parent_with_constants_is_a_lazy_duplicate() -> 
     assert (first.outcome, first.lazy) == ("new", False) and first.family is not None
     assert (again.outcome, again.lazy, again.code_hash) == ("duplicate", False, first.code_hash)
     assert (old.outcome, old.lazy, old.code_hash) == ("duplicate", True, "f" * 64)
-    assert fresh == {first.family: first.code_hash}
+    assert batch.families == {first.family: first.code_hash}
     assert list(group.new_code) == [first.code_hash]  # one evaluation for the four
 
 

@@ -133,6 +133,7 @@ def test_rejections_by_class_and_best_with_its_iteration(campaign_db: str) -> No
         "unparsed": 2,
         "duplicate": 1,
         "lazy": 1,
+        "near": 0,
         "invalid": 1,
         "error": 1,
         "timeout": 1,

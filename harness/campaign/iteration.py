@@ -17,9 +17,10 @@ stored is decided in one place.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from harness.campaign.novelty import Novelty
 from harness.campaign.parsing import ParsedCandidate, parse_completion
 from harness.campaign.selection import Selection
 from harness.llm.base import Completion, Message
@@ -30,6 +31,7 @@ from harness.records import (
     RolloutRecord,
     code_hash,
     entry_key,
+    tree_key,
 )
 from problems.api import Evaluation
 
@@ -75,6 +77,7 @@ class Candidate:
     reason: str | None = None
     lazy: bool = False  # a duplicate of the parent or of a program stored before this group
     family: str | None = None  # a new candidate's family key (Problem.family), where it has one
+    near: bool = False  # a lazy duplicate by its text's similarity (novelty.Novelty.nearest)
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,9 @@ def classify_group(
     entry: str | None = None,
     expand: Callable[[str], str] | None = None,
     family: Callable[[str], str | None] | None = None,
-    families: Mapping[str, str] | None = None,
-    fresh_families: dict[str, str] | None = None,
+    memory: Novelty | None = None,
+    island: int = 0,
+    batch: BatchKeys | None = None,
 ) -> ParsedGroup:
     """Each completion's candidates 1..`candidates`, parsed against the parent and classified
     by code hash against `seen` (hashes evaluated before) and the candidates before them. With
@@ -121,13 +125,13 @@ def classify_group(
     the parent did, and training gives a copy nothing. With `expand` (a compact form's
     `program`), each candidate's text becomes the program it stands for; one it refuses is
     unparsed with its reason. With `family` (`Problem.family`), a candidate of the parent's
-    family, or of one in `families` (key -> the code hash of a program stored before), is a
-    lazy duplicate of that program, never evaluated; one of a family a candidate before it in
-    the batch brought (`fresh_families`, which this fills) is a duplicate of that one."""
-    known = _Known(
-        parent_code, seen, entry, family, families or {},
-        {} if fresh_families is None else fresh_families,
-    )  # fmt: skip
+    family is a lazy duplicate of the parent.
+
+    With `memory` (what the campaign stored, `harness.campaign.novelty`), a candidate with a
+    stored syntax tree or family, or near-duplicate text of a recent program of `island`, is
+    a lazy duplicate of that program, never evaluated; one that repeats the tree or family of
+    a candidate before it in the batch (`batch`, which this fills) is a duplicate of that one."""
+    known = _Known(parent_code, seen, entry, family, memory, island, batch or BatchKeys())
     rollouts = []
     for text in texts:
         parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
@@ -151,10 +155,19 @@ def classify_group(
 NUL_REASON = "the code contains a NUL byte"
 
 
+@dataclass
+class BatchKeys:
+    """The syntax trees and families the new candidates of one batch brought, each to the
+    code hash of the first candidate with it."""
+
+    trees: dict[str, str] = field(default_factory=dict)
+    families: dict[str, str] = field(default_factory=dict)
+
+
 class _Known:
     """What a group's candidates are classified against: the parent (its hash, its entry's key,
-    its family), the hashes evaluated before, the families stored before, and what the
-    candidates before this one brought (hashes, families)."""
+    its family), the hashes evaluated before, what the campaign stored (`memory`), and what
+    the candidates before this one brought (hashes, trees, families)."""
 
     def __init__(
         self,
@@ -162,11 +175,12 @@ class _Known:
         seen: Container[str],
         entry: str | None,
         family: Callable[[str], str | None] | None,
-        families: Mapping[str, str],
-        fresh_families: dict[str, str],
+        memory: Novelty | None,
+        island: int,
+        batch: BatchKeys,
     ) -> None:
         self.seen, self.entry, self.family = seen, entry, family
-        self.families, self.fresh_families = families, fresh_families
+        self.memory, self.island, self.batch = memory, island, batch
         self.fresh: set[str] = set()
         self.parent_hash = code_hash(parent_code)
         self.parent_key = entry_key(parent_code, entry) if entry else None
@@ -187,19 +201,49 @@ class _Known:
             )
             return Candidate(index, "duplicate", code, self.parent_hash, reason, lazy=True)
         lazy = digest in self.seen or digest == self.parent_hash
-        key = None if lazy or digest in self.fresh or not self.family else self.family(code)
-        if key is not None and (key == self.parent_family or key in self.families):
-            same = self.parent_hash if key == self.parent_family else self.families[key]
-            reason = f"the same family as program {same[:12]}: {key}"[:200]
-            return Candidate(index, "duplicate", code, same, reason, lazy=True)
-        if key is not None and key in self.fresh_families:
-            reason = f"the same family as a candidate before it: {key}"[:200]
-            return Candidate(index, "duplicate", code, self.fresh_families[key], reason)
-        outcome: Outcome = "duplicate" if lazy or digest in self.fresh else "new"
+        if lazy or digest in self.fresh:
+            return Candidate(index, "duplicate", code, digest, lazy=lazy)
+        tree = tree_key(code, self.entry) if self.memory is not None else None
+        kind = self.family(code) if self.family else None
+        repeated = self.repeats(index, code, tree, kind)
+        if repeated is not None:
+            return repeated
         self.fresh.add(digest)
-        if key is not None:
-            self.fresh_families[key] = digest
-        return Candidate(index, outcome, code, digest, lazy=lazy, family=key)
+        if tree is not None:
+            self.batch.trees.setdefault(tree, digest)
+        if kind is not None:
+            self.batch.families.setdefault(kind, digest)
+        return Candidate(index, "new", code, digest, family=kind)
+
+    def repeats(
+        self, index: int, code: str, tree: str | None, kind: str | None
+    ) -> Candidate | None:
+        """A duplicate of what new code repeats: a stored tree, the parent's or a stored family,
+        a near-duplicate text of the island's, or a tree or family of the batch; else None."""
+        memory = self.memory
+        if memory is not None and tree in memory.trees:
+            same = memory.trees[tree]
+            reason = f"the same syntax tree as program {same[:12]} (comments or layout differ)"
+            return Candidate(index, "duplicate", code, same, reason, lazy=True)
+        stored = memory.families if memory is not None else {}
+        if kind is not None and (kind == self.parent_family or kind in stored):
+            same = self.parent_hash if kind == self.parent_family else stored[kind]
+            reason = f"the same family as program {same[:12]}: {kind}"[:200]
+            return Candidate(index, "duplicate", code, same, reason, lazy=True)
+        near = memory.nearest(code, self.island) if memory is not None else None
+        if near is not None and memory is not None:
+            same, similarity = near
+            reason = (
+                f"a near-duplicate of program {same[:12]} of island {self.island}: "
+                f"{similarity:.3f} similar (near_duplicate {memory.near})"
+            )
+            return Candidate(index, "duplicate", code, same, reason, lazy=True, near=True)
+        batch = ((tree, self.batch.trees, "syntax tree"), (kind, self.batch.families, "family"))
+        for key, fresh, what in batch:
+            if key is not None and key in fresh:
+                reason = f"the same {what} as a candidate before it"
+                return Candidate(index, "duplicate", code, fresh[key], reason)
+        return None
 
     def reworded(self, code: str, digest: str) -> bool:
         """The parent with only docstrings, comments or code its entry never calls changed."""
@@ -244,7 +288,9 @@ def rollout_records(
 def _stored(candidate: Candidate, evaluations: Mapping[str, Evaluation]) -> CandidateRecord:
     c = candidate
     if c.outcome != "new":
-        return CandidateRecord(c.index, c.outcome, None, c.code_hash, c.reason, lazy=c.lazy)
+        return CandidateRecord(
+            c.index, c.outcome, None, c.code_hash, c.reason, lazy=c.lazy, near=c.near
+        )
     assert c.code is not None and c.code_hash is not None
     program = new_program(c.code, evaluations[c.code_hash])
     return CandidateRecord(c.index, "new", program, c.code_hash)

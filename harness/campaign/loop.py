@@ -22,12 +22,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from harness.campaign.budgets import Spend, counts_spend, stored_spend
 from harness.campaign.generation import FailureStreak, describe, loop_settings, sample_batch
 from harness.campaign.iteration import (
+    BatchKeys,
     ParsedGroup,
     SampledIteration,
     classify_group,
     new_program,
     rollout_records,
 )
+from harness.campaign.novelty import Novelty
 from harness.campaign.population import Population
 from harness.campaign.progress import Progress
 from harness.campaign.run import CampaignRun, refresh_population
@@ -196,6 +198,7 @@ def prepare(
         objectives,
         Population(objectives),
         set(store.code_hashes(campaign_id)),
+        Novelty(problem.entry, problem.family, config.near_duplicate),
         compact=compact,
     )
     refresh_population(campaign)
@@ -344,7 +347,7 @@ def evaluate_and_store(
     `lost`: called for an iteration another process recorded first (a worker whose claim ran
     out), which is then passed over; without it that is an error."""
     fresh: set[str] = set()
-    fresh_families: dict[str, str] = {}
+    keys = BatchKeys()
     groups = []
     for sampled in batch:
         group = classify_group(
@@ -355,8 +358,9 @@ def evaluate_and_store(
             campaign.problem.entry,
             campaign.compact.program if campaign.compact else None,
             family=campaign.problem.family,
-            families=campaign.families,
-            fresh_families=fresh_families,
+            memory=campaign.novelty,
+            island=sampled.selection.island,
+            batch=keys,
         )
         fresh.update(group.new_code)
         groups.append(group)
@@ -413,11 +417,11 @@ def store_iteration(
         migrations=sampled.migrations,
     )
     campaign.seen.update(group.new_code)
+    progress = campaign.progress
     for rollout in group.rollouts:
         for c in rollout.candidates:
-            if c.family is not None and c.code_hash is not None:
-                campaign.families.setdefault(c.family, c.code_hash)
-    progress = campaign.progress
+            progress.duplicates += c.outcome == "duplicate"
+            progress.near += c.near
     progress.iterations += 1
     progress.skipped += sampled.skipped is not None
     progress.evaluations += len(evaluations)

@@ -19,6 +19,8 @@ class Progress:
     rollouts: int = 0
     parsed: int = 0  # rollouts whose m candidates all parsed
     trained: int = 0  # rollouts sampled by weights a step changed
+    duplicates: int = 0  # candidates not evaluated: repeats of a program or candidate
+    near: int = 0  # of them, near-duplicates by their text (harness.campaign.novelty)
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step that made a policy version, as a line
@@ -33,6 +35,9 @@ class Progress:
         )
         if self.rollouts:
             line = f"{line} | parsed {self.parsed}/{self.rollouts}"
+        if self.duplicates:
+            near = f" ({self.near} near)" if self.near else ""
+            line = f"{line} | not evaluated {self.duplicates} repeats{near}"
         if self.train is not None:
             line = f"{line} | by trained weights {self.trained}/{self.rollouts}"
         if self.skipped:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from harness.campaign.novelty import Novelty
 from harness.campaign.population import Population
 from harness.campaign.progress import Progress
 from harness.config.settings import CampaignConfig
@@ -34,8 +35,8 @@ class CampaignRun:
     objectives: list[str]
     population: Population
     seen: set[str]  # code hashes evaluated already: duplicates are never evaluated twice
-    # Family key (Problem.family) -> the code hash of the first program of it this run stored.
-    families: dict[str, str] = field(default_factory=dict)
+    # The stored programs' trees, families and recent texts: repeats are never evaluated.
+    novelty: Novelty = field(default_factory=Novelty)
     progress: Progress = field(default_factory=Progress)
     last_program_id: int = 0
     trainer: CampaignTrainer | None = None  # set when the campaign trains (train_every > 0)
@@ -45,12 +46,18 @@ class CampaignRun:
 
 
 def refresh_population(campaign: CampaignRun) -> None:
-    """Append the programs stored since the last refresh (by this or any other process)."""
+    """Append the programs stored since the last refresh (by this or any other process), and
+    remember their trees, families and texts (`campaign.novelty`)."""
+    after = campaign.last_program_id
     ids, islands, valid, scores, hashes = campaign.store.program_vectors(
-        campaign.campaign_id, campaign.objectives, after_id=campaign.last_program_id
+        campaign.campaign_id, campaign.objectives, after_id=after
     )
     if not len(ids):
         return
+    for program in campaign.store.iter_programs(campaign.campaign_id, after=after):
+        if program.id > ids[-1]:
+            break  # stored since the vectors were read: the next refresh takes it
+        campaign.novelty.add(program.code, program.code_hash, program.island)
     campaign.population.extend(ids, islands, scores, valid=valid, code_hashes=hashes)
     if valid.any():
         best = campaign.progress.best

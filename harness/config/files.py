@@ -24,7 +24,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "max_failures",
     ),
     "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens", "form"),
-    "evolution": ("islands", "migration_interval", "drafts"),
+    "evolution": ("islands", "migration_interval", "drafts", "near_duplicate"),
     "evaluation": ("workers", "time_limit"),
     "training": (
         "train_every", "advantage", "learning_rate", "lora", "lora_rank", "kl_beta",

@@ -134,6 +134,11 @@ class CampaignConfig:
     islands: int = setting(4, "islands ({default})")
     migration_interval: int = setting(20, "iterations between migrations ({default})")
     drafts: int = setting(3, f"drafts beside the parent ({{default}}; at most {MAX_DRAFTS})")
+    # A candidate whose text (comments and layout dropped) is this similar to one of its
+    # island's newest programs is not evaluated (harness.campaign.novelty); 1: off.
+    near_duplicate: float = setting(
+        1.0, "text similarity from 0 to 1 that makes a near-duplicate ({default}: off)"
+    )
     # evaluation
     workers: int = setting(0, "sandbox workers ({default}: one per CPU)")
     time_limit: float = setting(0.0, "seconds per call ({default}: the problem's own)")

@@ -26,6 +26,7 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "learning_rate": (0.0, 1.0, False, "a number in (0, 1]"),
     "kl_beta": (0.0, 100.0, True, "a number from 0 to 100"),
     "dirichlet_alpha": (0.0, 1e6, False, "a number in (0, 1e6]"),
+    "near_duplicate": (0.0, 1.0, False, "a number in (0, 1] (1: off)"),
 }
 
 

@@ -27,7 +27,7 @@ from harness.store.tables import (
 
 # Why candidate slots were rejected: the slot outcomes and the evaluated programs' statuses
 # (`Aggregates.rejections`), in the order `vpo status` lists them.
-REJECTIONS = ("unparsed", "duplicate", "lazy", "invalid", "error", "timeout")
+REJECTIONS = ("unparsed", "duplicate", "lazy", "near", "invalid", "error", "timeout")
 
 # Every distinct objective name, one index seek each (a loose index scan).
 _DISTINCT_OBJECTIVES = text(
@@ -340,7 +340,8 @@ class Aggregates(Database):
         """Why the candidate slots of the groups in (after_group, upto_group] were rejected,
         by class (`REJECTIONS`), and how many slots there were (`candidates`): `unparsed`
         slots; duplicates of another candidate of the iteration (`duplicate`) or of its
-        parent or a program stored before (`lazy`), neither evaluated; and the evaluated
+        parent or a program stored before (`lazy`), or near-duplicates by their text of a
+        recent program of the island (`near`), none evaluated; and the evaluated
         programs by failed status (`invalid`, `error`, `timeout`)."""
         counts = dict.fromkeys(("candidates", *REJECTIONS), 0)
         groups = [
@@ -357,7 +358,9 @@ class Aggregates(Database):
                 for slot in slots:
                     counts["candidates"] += 1
                     outcome = slot.get("outcome")
-                    if outcome == "duplicate":
+                    if outcome == "duplicate" and slot.get("near"):
+                        counts["near"] += 1
+                    elif outcome == "duplicate":
                         counts["lazy" if slot.get("lazy") else "duplicate"] += 1
                     elif outcome == "unparsed":
                         counts["unparsed"] += 1

@@ -80,9 +80,11 @@ class Inspection(Database):
             rows = connection.execute(query.order_by(PROGRAM.c.id).limit(limit)).all()
             return with_scores(connection, rows)
 
-    def iter_programs(self, campaign_id: int, batch: int = 1000) -> Iterator[ProgramRecord]:
-        """Every program of the campaign in id order, read `batch` at a time."""
-        after = 0
+    def iter_programs(
+        self, campaign_id: int, batch: int = 1000, after: int = 0
+    ) -> Iterator[ProgramRecord]:
+        """Every program of the campaign (with an id above `after`) in id order, read `batch`
+        at a time."""
         while True:
             query = select(PROGRAM).where(
                 PROGRAM.c.campaign_id == campaign_id, PROGRAM.c.id > after

@@ -272,6 +272,7 @@ def _slot(
         "program_id": None if candidate.outcome == "unparsed" else known.get(digest),
         "reason": candidate.reason,
         "lazy": candidate.lazy,
+        **({"near": True} if candidate.near else {}),
     }
 
 
