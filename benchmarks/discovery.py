@@ -246,6 +246,9 @@ def run(
             for line in process.stdout:  # one plain line per iteration when not on a terminal
                 if line.startswith(("iteration ", "token budget")):
                     print(f"  {label} {line.rstrip()}", file=sys.stderr, flush=True)
+                    # The clock so far, so that a run killed with its machine keeps it.
+                    spent = before + time.perf_counter() - started
+                    db.with_suffix(".wall").write_text(f"{spent:.1f}\n")
             returncode = process.wait()
         finally:
             stop(process)
@@ -627,8 +630,9 @@ def main() -> None:
     parser.add_argument(
         "--extend",
         action="store_true",
-        help="with --keep DIR: resume the runs kept there to this (larger) --token-budget, "
-        "each campaign going on from its last policy version (the wall clock adds up)",
+        help="with --keep DIR: resume the runs kept there to this --token-budget (larger, or "
+        "the same for a grid cut short), each campaign going on from its last policy version "
+        "(the wall clock adds up); a run not kept there starts afresh",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "discovery.md")
     parser.add_argument("--plot", type=Path, default=RESULTS / "discovery.png")
@@ -679,13 +683,16 @@ def main() -> None:
                 f"already there: {', '.join(there)}; remove them, --keep elsewhere, or "
                 "--extend them to a larger --token-budget"
             )
+        if args.extend and not there:
+            raise SystemExit(f"--extend goes on with kept runs; none in {folder}")
         if args.extend and len(there) != len(plan):
+            # A grid cut short (its machine stopped): the runs not begun start afresh.
             missing = [
-                str(database(folder, *pair))
-                for pair in plan
-                if str(database(folder, *pair)) not in there
+                f"{arm} seed {seed}"
+                for arm, seed in plan
+                if not database(folder, arm, seed).exists()
             ]
-            raise SystemExit(f"--extend goes on with kept runs; not there: {', '.join(missing)}")
+            print(f"--extend: not kept, run afresh: {', '.join(missing)}", file=sys.stderr)
         unprobed = {m for m, _ in ARMS.values()}  # version 0 is probed once per m
         for n, (arm, seed) in enumerate(plan, 1):
             label = f"[{n}/{len(plan)} {arm} seed {seed}]"

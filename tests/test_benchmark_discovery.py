@@ -176,8 +176,9 @@ def test_a_run_summary_gives_back_the_run_it_was_written_from(tmp_path: Path) ->
 def test_extend_goes_on_with_kept_runs_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--extend resumes the runs of --keep DIR to a larger budget: without --keep, or with a
-    run of the plan not kept there, it says so before anything runs."""
+    """--extend resumes the runs of --keep DIR to a larger budget: without --keep, or with no
+    run kept there, it says so before anything runs; a run of the plan not kept there (a grid
+    cut short) starts afresh, and is named."""
 
     def main(*argv: str) -> str:
         monkeypatch.setattr(sys, "argv", ["discovery.py", *argv])
@@ -186,8 +187,18 @@ def test_extend_goes_on_with_kept_runs_only(
         return f"{exit.value.code} {capsys.readouterr().err}"
 
     assert "--extend goes on with the runs of --keep DIR" in main("--extend")
-    (tmp_path / "vpo-seed0.db").write_bytes(b"")
     said = main("--extend", "--keep", str(tmp_path), "--arms", "vpo,grpo", "--seeds", "0")
-    assert "not there: " in said and "grpo-seed0.db" in said and "vpo-seed0.db" not in said
+    assert "--extend goes on with kept runs; none in" in said
+    (tmp_path / "vpo-seed0.db").write_bytes(b"")
+    started: list[str] = []
+
+    def run(arm: str, seed: int, *rest: object) -> None:
+        started.append(arm)
+        raise SystemExit("stopped before running")
+
+    monkeypatch.setattr(discovery, "run", run)
+    said = main("--extend", "--keep", str(tmp_path), "--arms", "grpo,vpo", "--seeds", "0")
+    assert "--extend: not kept, run afresh: grpo seed 0\n" in said
+    assert started == ["grpo"]
     said = main("--keep", str(tmp_path), "--arms", "vpo", "--seeds", "0")
     assert "already there" in said and "--extend" in said
