@@ -488,10 +488,14 @@ def probe_table(runs: dict[str, list[RunResult]]) -> list[str]:
     """Version 0 (once per m) against each trained arm's last version on the first prompt, the
     last versions' values as mean [min, max] over seeds; nothing when nothing was probed."""
     rows: list[tuple[str, list[dict]]] = []
+    # Version 0 of each m, once per seed (arms of one m share it; runs apart may each probe it).
+    starts: dict[int, dict[int, dict]] = {}
     for arm, results in runs.items():
-        starts = [r.probe[0] for r in results if r.probe and 0 in r.probe]
-        if starts:
-            rows.append((f"version 0 (m = {ARMS[arm][0]})", starts[:1]))
+        for r in results:
+            if r.probe and 0 in r.probe:
+                starts.setdefault(ARMS[arm][0], {}).setdefault(r.seed, r.probe[0])
+    for m, by_seed in starts.items():
+        rows.append((f"version 0 (m = {m})", list(by_seed.values())))
     for arm, results in runs.items():
         last = [r.probe[max(r.probe)] for r in results if r.probe and max(r.probe) > 0]
         if last:

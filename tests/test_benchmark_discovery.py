@@ -107,10 +107,10 @@ def test_the_probe_table_sets_version_zero_beside_each_arms_last_version() -> No
                 "set_score": best / 2, "diversity": None if step else 0.1,
                 "best_at": list(np.linspace(best / 10, best, 30))}  # fmt: skip
 
-    def result(arm: str, probe: dict | None) -> object:
+    def result(arm: str, probe: dict | None, seed: int = 0) -> object:
         values = np.zeros((1, 2))
         return discovery.RunResult(
-            arm, 0, ["a", "b"], 1.0, 0, 0, 0, 0, 0.0, np.zeros(1, dtype=np.int64), values,
+            arm, seed, ["a", "b"], 1.0, 0, 0, 0, 0, 0.0, np.zeros(1, dtype=np.int64), values,
             0.0, 0.0, 0.0, 0.0, 8, 6, probe,
         )  # fmt: skip
 
@@ -120,6 +120,12 @@ def test_the_probe_table_sets_version_zero_beside_each_arms_last_version() -> No
     }
     rows = [line for line in discovery.probe_table(runs) if line.startswith("| ")]
     assert rows[1].startswith("| version 0 (m = 3) | 0 | 0.50 | 12 |")
+    # Arms of one m run apart each probed version 0 of seed 0: one row still, over seeds.
+    both = {**runs, "multi": [result("multi", {0: measured(0, 0.9), 30: measured(30, 0.5)}),
+                              result("multi", {0: measured(0, 0.4)}, seed=1)]}  # fmt: skip
+    rows_both = [line for line in discovery.probe_table(both) if line.startswith("| ")]
+    zero = [row for row in rows_both if row.startswith("| version 0")]
+    assert len(zero) == 1 and zero[0].endswith("| 0.3000 [0.2000, 0.4000] |")  # seeds 0, 1
     last = rows[2].split(" | ")
     assert last[0] == "| VPO in the loop (m = 3): last version" and last[1] == "40 [40, 41]"
     assert rows[2].endswith("| 0.5000 [0.4000, 0.6000] |")  # best@30: the pools' best
