@@ -9,6 +9,7 @@ call, which it decodes together; a server gets one request per prompt, all at on
 thread each, so one slow or failed request holds up nothing but its own iteration. A prompt
 that does not fit the model, or a request that failed after the backend's retries, makes its
 iteration *skipped*: it is stored with the reason and no rollouts, and the campaign goes on.
+So does a call cut at its wall-clock limit (`call_timeout`, carried by `Sampling.timeout`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from harness.campaign.prompts import PromptBudget, PromptTooLong, build_prompt
 from harness.campaign.run import refresh_population
 from harness.campaign.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.config.errors import CampaignFailed, UserError
-from harness.config.settings import DEFAULT_CONCURRENCY, GPU_VLLM_CONCURRENCY
+from harness.config.settings import (
+    DEFAULT_CONCURRENCY,
+    GPU_VLLM_CONCURRENCY,
+    IN_PROCESS_CALL_TIMEOUT,
+    SERVER_CALL_TIMEOUT,
+)
 from harness.llm import Completion, GenerationError, Generator, Message, Sampling
 from harness.llm.base import storable
 
@@ -52,7 +58,10 @@ def loop_settings(config: CampaignConfig, generator: Generator) -> LoopSettings:
         drafts=config.drafts,
     )
     sampling = Sampling(
-        temperature=config.temperature, top_p=config.top_p, max_tokens=config.max_tokens
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_tokens=config.max_tokens,
+        timeout=call_timeout_for(config, generator),
     )
     return LoopSettings(
         selection, sampling, concurrency_for(config, generator), prompt_budget(config, generator)
@@ -69,7 +78,7 @@ def describe(generator: Generator, settings: LoopSettings) -> str:
     return (
         f"generating with {generator.backend} ({generator.model}), "
         f"{settings.concurrency} iteration{'s' if settings.concurrency > 1 else ''} in flight, "
-        f"{budget}"
+        f"calls cut at {settings.sampling.timeout} s, {budget}"
     )
 
 
@@ -80,6 +89,13 @@ def concurrency_for(config: CampaignConfig, generator: Generator) -> int:
     if generator.backend == "vllm" and _cuda():
         return GPU_VLLM_CONCURRENCY
     return DEFAULT_CONCURRENCY.get(generator.backend, 1)
+
+
+def call_timeout_for(config: CampaignConfig, generator: Generator) -> int:
+    """`config.call_timeout`, or the default for a server or an in-process backend when 0."""
+    if config.call_timeout:
+        return config.call_timeout
+    return IN_PROCESS_CALL_TIMEOUT if generator.in_process else SERVER_CALL_TIMEOUT
 
 
 def _cuda() -> bool:

@@ -21,7 +21,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("backend", "model", "base_url", "api_key_env"),
     "generation": (
         "concurrency", "context_tokens", "draft_chars", "feedback_chars", "retries",
-        "max_failures",
+        "call_timeout", "max_failures",
     ),
     "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens", "form"),
     "evolution": ("islands", "migration_interval", "drafts", "near_duplicate"),

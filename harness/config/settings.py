@@ -54,6 +54,13 @@ MAX_DRAFTS = 4
 # a GPU engine keep many more sequences busy.
 DEFAULT_CONCURRENCY = {"transformers": 1, "vllm": 8, "openai": 16}
 GPU_VLLM_CONCURRENCY = 32
+# Seconds a generation call may run when `call_timeout` is 0. A server's attempt answers one
+# prompt, and one that has not in 10 minutes is stalled. An in-process call decodes a whole
+# batch, which on a CPU can take ten minutes legitimately (8 prompts x G = 4 x 768 tokens is
+# 24,576 tokens; SmolLM2-135M decodes about 170 a second on two cores, a 0.5B model a fraction
+# of that: benchmarks/results/concurrency.md): there the limit is only a backstop.
+SERVER_CALL_TIMEOUT = 600
+IN_PROCESS_CALL_TIMEOUT = 3600
 # Experiment trackers a campaign can report to (harness.campaign.trackers); "none": nowhere.
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
 # The groups of flags in `vpo run --help`.
@@ -116,6 +123,15 @@ class CampaignConfig:
     draft_chars: int = setting(4000, "characters of each draft shown ({default})")
     feedback_chars: int = setting(2000, "characters of evaluation feedback shown ({default})")
     retries: int = setting(4, "retries of a failed request to a server ({default})")
+    # one wall-clock limit per generation call, so that no model call can hold a run: a call
+    # past it is cut, its iterations are skipped with the reason and the campaign goes on
+    call_timeout: int = setting(
+        0,
+        "seconds a generation call may run before it is cut and its iterations skipped: an "
+        "attempt at a server (the request, retries and waits included: (retries + 1) x this), "
+        f"or an in-process batch, checked between decode steps ({{default}}: "
+        f"{SERVER_CALL_TIMEOUT} at a server, {IN_PROCESS_CALL_TIMEOUT} in process)",
+    )
     max_failures: int = setting(
         10, "stop after this many iterations in a row fail to generate ({default})"
     )
@@ -267,6 +283,11 @@ class CampaignConfig:
         require(self.draft_chars >= 200, "draft_chars", "a whole number >= 200")
         require(self.feedback_chars >= 0, "feedback_chars", "a whole number >= 0")
         require(0 <= self.retries <= 100, "retries", "a whole number from 0 to 100")
+        require(
+            0 <= self.call_timeout <= 86400,
+            "call_timeout",
+            "a whole number of seconds from 0 to 86400 (0: the backend's default)",
+        )
         require(self.max_failures >= 1, "max_failures", "a whole number >= 1")
         if self.backend == "openai":
             require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")

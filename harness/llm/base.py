@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -49,6 +50,36 @@ class Sampling:
     top_p: float = 0.95
     max_tokens: int = 1024
     seed: int | None = None  # the same seed, prompts and n give the same completions
+    # Seconds a call may run before it is cut and fails with a GenerationError (None: no
+    # limit): at a server each attempt of a request, in process the whole call, checked
+    # between decode steps. A campaign sets it from `call_timeout`.
+    timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When an in-process call must stop (on time.monotonic()'s clock), and its limit in
+    seconds. The backend checks it between decode steps: a step already running is finished,
+    then the call fails and the engine is free for the next one."""
+
+    at: float
+    seconds: float
+
+    @classmethod
+    def start(cls, sampling: Sampling) -> Deadline | None:
+        """The deadline of a call starting now (None: `sampling` sets no limit)."""
+        if sampling.timeout is None:
+            return None
+        return cls(time.monotonic() + sampling.timeout, sampling.timeout)
+
+    def passed(self) -> bool:
+        return time.monotonic() > self.at
+
+    def error(self, progress: str) -> GenerationError:
+        """What a call stopped here fails with; `progress` says how far it got."""
+        return GenerationError(
+            f"generation stopped at its limit of {self.seconds:g} s (call_timeout), {progress}"
+        )
 
 
 @dataclass(frozen=True)
@@ -177,6 +208,8 @@ def check_request(prompts: Sequence[Sequence[Message]], n: int, sampling: Sampli
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
     if sampling.temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
+    if sampling.timeout is not None and not sampling.timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds or None, got {sampling.timeout}")
     for messages in prompts:
         if not messages:
             raise ValueError("a prompt needs at least one message")

@@ -17,7 +17,8 @@ workers follows the trainer without a restart.
 
 Each chat request retries on its own: connection errors, timeouts, HTTP 408, 429 and 5xx are sent
 again after a backoff with full jitter (or after the server's Retry-After on 429 and 503); any
-other 4xx is final at once, and so is a prompt longer than the model's context.
+other 4xx is final at once, and so is a prompt longer than the model's context. An attempt is cut
+at `Sampling.timeout` seconds, the call at `retries + 1` times that (harness/llm/timed_client.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from harness.llm.base import (
     Weights,
     check_request,
 )
+from harness.llm.timed_client import CallLimit, TimedClient
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 BACKOFF_CAP = 60.0  # seconds: the longest wait between two attempts of our own choosing
@@ -127,10 +129,11 @@ class OpenAIGenerator:
         self.adapter: str | None = None
         self.adapters: dict[str, str] = {}
         headers = auth_headers(api_key_env)
-        self.client = httpx.Client(
+        per_read = httpx.Timeout(timeout, connect=10.0)  # a wait for a byte; see TimedClient
+        self.client = httpx.Client(  # the model list, tokens and adapters
             base_url=self.base_url,
             headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0),
+            timeout=per_read,
             limits=httpx.Limits(max_connections=self.concurrency),
         )
         entry = self._check_server()
@@ -141,6 +144,7 @@ class OpenAIGenerator:
             context_tokens = served_context
         self.context = context_tokens
         self.tokenize = self.server == "vllm"  # until the server says it has no /tokenize
+        self.chats = TimedClient(self.base_url, headers, per_read, self.concurrency)
 
     def _check_server(self) -> dict[str, Any]:
         """Fail now, with a user error, if the endpoint is unreachable, refuses the key or does
@@ -212,6 +216,7 @@ class OpenAIGenerator:
     def _complete(
         self, messages: Sequence[Message], n: int, sampling: Sampling
     ) -> list[Completion]:
+        limit = CallLimit.start(sampling.timeout, self.retries)
         completions: list[Completion] = []
         # Some servers (llama.cpp) answer fewer than n choices; ask again for the rest.
         while len(completions) < n:
@@ -237,7 +242,7 @@ class OpenAIGenerator:
             if self.server == "vllm":
                 body["return_token_ids"] = True  # a vLLM extension; other servers reject it
             body.update(self.extra_body)
-            reply = self._chat(body)
+            reply = self._chat(body, limit)
             choices = reply.get("choices") or []
             if not choices:
                 raise GenerationError(f"{self.base_url} answered with no choices")
@@ -245,13 +250,13 @@ class OpenAIGenerator:
             completions.extend(_completion(choice, prompt_ids) for choice in choices)
         return completions[:n]
 
-    def _chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        response = self._post_retrying("/chat/completions", body)
+    def _chat(self, body: dict[str, Any], limit: CallLimit | None) -> dict[str, Any]:
+        response = self._post_retrying("/chat/completions", body, limit)
         if response.status_code == 404 and self.adapter is not None:
             # Another client sharing the server unloaded our adapter (an older version to it):
             # load it again, so this request still samples from the version it is recorded under.
             self._load(self.adapter, self.adapters[self.adapter])
-            response = self._post_retrying("/chat/completions", body)
+            response = self._post_retrying("/chat/completions", body, limit)
         where = f"{self.base_url}/chat/completions"
         if response.status_code >= 400:
             message = _server_message(response)
@@ -265,19 +270,23 @@ class OpenAIGenerator:
             raise GenerationError(f"{where} refused the request, {status}", permanent=True)
         return _json(response, where)
 
-    def _post_retrying(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    def _post_retrying(
+        self, path: str, body: dict[str, Any], limit: CallLimit | None
+    ) -> httpx.Response:
         """The server's answer to POST `path` that retrying cannot change: a success or a 4xx
         other than 408 and 429. Connection errors, timeouts, 408, 429 and 5xx are sent again,
-        up to `retries` times; then a GenerationError that may pass (permanent=False)."""
-        last = ""
+        up to `retries` times, within `limit`; then a GenerationError that may pass."""
+        where, last = f"{self.base_url}{path}", ""
         for attempt in range(self.retries + 1):
             wait: float | None = None
             try:
-                response = self.client.post(path, json=body)
+                response = self.chats.post(path, body, limit)
+            except TimeoutError as cut:  # the limit's, not httpx's wait for a byte
+                last = str(cut)
             except httpx.TransportError as error:  # refused, reset, timed out
                 last = _describe(error)
             except httpx.HTTPError as error:
-                raise GenerationError(f"{self.base_url}{path}: {_describe(error)}") from None
+                raise GenerationError(f"{where}: {_describe(error)}") from None
             else:
                 status = response.status_code
                 if status < 400 or (status < 500 and status not in (408, 429)):
@@ -286,9 +295,13 @@ class OpenAIGenerator:
                 if status in (429, 503):
                     wait = retry_after(response.headers.get("Retry-After"))
             if attempt < self.retries:
-                self.sleep(wait if wait is not None else backoff_delay(attempt, self.backoff))
-        attempts = "1 attempt" if self.retries == 0 else f"{self.retries + 1} attempts"
-        raise GenerationError(f"{self.base_url}{path}: {attempts} failed; the last: {last}")
+                wait = wait if wait is not None else backoff_delay(attempt, self.backoff)
+                if limit is not None and wait >= limit.left():
+                    last += f"; no time for another in the call's {limit.total:g} s"
+                    break
+                self.sleep(wait)
+        attempts = "1 attempt" if attempt == 0 else f"{attempt + 1} attempts"
+        raise GenerationError(f"{where}: {attempts} failed; the last: {last}")
 
     def _request(self, path: str, body: dict[str, Any]) -> httpx.Response:
         try:
@@ -395,6 +408,7 @@ class OpenAIGenerator:
             )
 
     def close(self) -> None:
+        self.chats.close()
         self.client.close()
 
 

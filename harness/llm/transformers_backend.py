@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from harness.config.errors import UserError
 from harness.llm.base import (
     Completion,
+    Deadline,
     Message,
     Sampling,
     Weights,
@@ -115,11 +116,15 @@ class TransformersGenerator:
         device = next(self.hf_model.parameters()).device
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         rng = torch.Generator(device=device).manual_seed(seed)
+        deadline = Deadline.start(sampling)
         completions: list[list[Completion]] = [[] for _ in prompts]
         was_training = self.hf_model.training
         self.hf_model.eval()  # the trainer's model may be in train mode (dropout, no KV cache)
         try:
             for batch in _batches(len(prompts), n, self.batch_rows):
+                if deadline is not None and deadline.passed():  # before a prefill, one long pass
+                    done = sum(map(len, completions))
+                    raise deadline.error(f"{done} of {len(prompts) * n} completions done")
                 rows = _sample(
                     self.hf_model,
                     [prompt_ids[i] for i, _ in batch],
@@ -128,6 +133,7 @@ class TransformersGenerator:
                     self.stops,
                     self.pad_id,
                     rng,
+                    deadline,
                 )
                 owners = [i for i, copies in batch for _ in range(copies)]
                 for owner, (tokens, logprobs, finish) in zip(owners, rows, strict=True):
@@ -248,8 +254,10 @@ def _sample(
     stops: set[int],
     pad_id: int,
     rng: torch.Generator,
+    deadline: Deadline | None = None,
 ) -> list[tuple[list[int], list[float], str]]:
-    """Decode copies[i] samples of prompts[i]; returns (tokens, logprobs, finish) per row."""
+    """Decode copies[i] samples of prompts[i]; returns (tokens, logprobs, finish) per row.
+    Past `deadline` no further step is taken (a forward pass cannot be stopped halfway)."""
     import torch
 
     device = next(model.parameters()).device
@@ -264,6 +272,8 @@ def _sample(
         live = torch.arange(rows, device=device)  # the row each batch position decodes
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         for step in range(sampling.max_tokens):
+            if deadline is not None and deadline.passed():
+                raise deadline.error(f"{step} tokens into a batch of {rows} rows")
             if sampling.temperature == 0:
                 # Greedy: report the log-prob under the untempered model.
                 logp = torch.log_softmax(logits.float(), dim=-1)

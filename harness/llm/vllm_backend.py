@@ -16,6 +16,7 @@ from harness.config.errors import UserError
 from harness.llm.base import (
     UNMODELLED_OFF,
     Completion,
+    Deadline,
     GenerationError,
     Message,
     Sampling,
@@ -144,13 +145,29 @@ class VLLMGenerator:
             stop_token_ids=sorted(self.stops),
             **UNMODELLED_OFF,
         )
-        outputs = self.engine.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
-        )
+        outputs = self._run(prompt_ids, params, Deadline.start(sampling))
         return [
             [self._completion(sample, ids) for sample in output.outputs]
             for output, ids in zip(outputs, prompt_ids, strict=True)
         ]
+
+    def _run(
+        self, prompt_ids: list[list[int]], params: Any, deadline: Deadline | None
+    ) -> list[Any]:
+        """`vllm.LLM.generate`'s loop, with `deadline` checked between engine steps: past it,
+        the call's requests are aborted (the engine is free for the next call) and it fails."""
+        requests = self.engine.enqueue(
+            [{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False
+        )
+        engine = self.engine.llm_engine
+        finished: list[Any] = []
+        while engine.has_unfinished_requests():
+            if deadline is not None and deadline.passed():
+                engine.abort_request(requests, internal=True)  # enqueue's ids are internal
+                raise deadline.error(f"{len(finished)} of {len(requests)} prompts done")
+            finished.extend(output for output in engine.step() if output.finished)
+        # Outputs carry the ids given on enqueue, which count up (as `generate` sorts them).
+        return sorted(finished, key=lambda output: int(output.request_id))
 
     def _completion(self, sample: Any, prompt: list[int]) -> Completion:
         tokens = tuple(sample.token_ids)
