@@ -212,6 +212,7 @@ class RolloutRecord:
     parse_status: str  # "ok": every candidate parsed, "partial", "none"
     parse_error: str | None
     candidates: Sequence[CandidateRecord]
+    num_tokens: int | None = None  # generated tokens where token_ids is empty (a server's usage)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from chat_server import chat_server
 from test_campaign import fast_settings
 
 from harness.campaign.budgets import stored_spend
@@ -120,3 +121,39 @@ def test_budgets_come_from_a_toml_section(tmp_path: Path) -> None:
     assert (config.max_total_tokens, config.max_cost) == (1_000_000, 2.5)
     with pytest.raises(UserError, match="'max_total_tokens' must be a whole number"):
         build({"max_total_tokens": 1.5})
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
+    concurrency: int, tmp_path: Path
+) -> None:
+    """A server that returns no token ids (the OpenAI API, most servers) reports its tokens in
+    `usage`: those count, so the budget stops the campaign at any concurrency, at most one
+    batch past it, and says what was spent."""
+    tokens = 10  # each completion's, as the server reports it
+
+    def answer(body: dict[str, object]) -> dict[str, object]:
+        n = int(body.get("n", 1))  # type: ignore[call-overload]
+        text = "<candidate_1>\n```python\ndef construct_packing(n):\n    return []\n```\n"
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": f"{text}{i}"},
+             "finish_reason": "stop"}
+            for i in range(n)
+        ]  # fmt: skip
+        return {"choices": choices, "usage": {"prompt_tokens": 50, "completion_tokens": tokens * n}}
+
+    said: list[str] = []
+    budget = 100
+    with chat_server(answer) as url, Store.open(tmp_path / "c.db") as store:
+        config = build({
+            "backend": "openai", "base_url": url, "api_key_env": "", "model": "m",
+            "iterations": 40, "group_size": 2, "candidates": 1, "concurrency": concurrency,
+            "token_budget": budget,
+        })  # fmt: skip
+        campaign_id = run_campaign(config, store, CirclePacking(), say=said.append)
+        spent = store.summary(campaign_id).tokens
+        done = store.iterations_done(campaign_id)
+    batch = concurrency * 2 * tokens  # the tokens of one batch in flight
+    assert budget <= spent < budget + batch and spent == done * 2 * tokens
+    assert f"token budget spent: {spent} of {budget} tokens generated" in said
+    assert done < 40

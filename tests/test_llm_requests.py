@@ -20,14 +20,8 @@ from hypothesis import strategies as st
 
 from harness.llm import GenerationError, Sampling
 from harness.llm.base import UNMODELLED_OFF
-from harness.llm.openai_backend import (
-    BACKOFF_CAP,
-    RETRY_AFTER_CAP,
-    OpenAIGenerator,
-    backoff_delay,
-    estimate_tokens,
-    retry_after,
-)
+from harness.llm.openai_backend import OpenAIGenerator, estimate_tokens
+from harness.llm.timed_client import BACKOFF_CAP, RETRY_AFTER_CAP, backoff_delay, retry_after
 
 PROMPT = [{"role": "user", "content": "Say hi."}]
 ANSWER = {"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}

@@ -5,16 +5,14 @@ line)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from chat_server import chat_server
 
 from harness.campaign.iteration import BatchKeys, classify_group
 from harness.campaign.loop import run_campaign
@@ -115,41 +113,18 @@ def test_near_duplicate_must_be_in_0_1() -> None:
 
 @pytest.fixture
 def repeating_server() -> Iterator[str]:
-    """An OpenAI-compatible server whose every completion offers the seed reworded and the
-    seed with one constant nudged."""
+    """Every completion offers the seed reworded and the seed with one constant nudged."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
+    def answer(body: dict[str, Any]) -> dict[str, Any]:
+        message = {"role": "assistant", "content": tagged(REWORDED, NUDGED)}
+        choices = [
+            {"index": i, "message": message, "finish_reason": "stop"}
+            for i in range(body.get("n", 1))
+        ]
+        return {"choices": choices}
 
-        def _send(self, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            model = {"id": "m", "object": "model", "owned_by": "test", "max_model_len": 8192}
-            self._send({"object": "list", "data": [model]})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            message = {"role": "assistant", "content": tagged(REWORDED, NUDGED)}
-            choices = [
-                {"index": i, "message": message, "finish_reason": "stop"}
-                for i in range(body.get("n", 1))
-            ]
-            self._send({"choices": choices})
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with chat_server(answer) as url:
+        yield url
 
 
 def test_a_campaign_never_evaluates_repeats_and_counts_them(

@@ -37,7 +37,7 @@ class Spend:
     def add(self, batch: Sequence[SampledIteration]) -> None:
         for sampled in batch:
             self.prompt_tokens += len(sampled.prompt_token_ids or ())  # None when skipped
-            self.completion_tokens += sum(len(c.token_ids) for c in sampled.completions)
+            self.completion_tokens += sum(c.num_tokens for c in sampled.completions)
 
     def stop_reason(self, config: CampaignConfig) -> str | None:
         """Why no new batch may start (a budget reached, and how to go on), else None."""

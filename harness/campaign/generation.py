@@ -161,7 +161,7 @@ def sample_batch(
             done[c.iteration] = replace(c, skipped=f"generation failed: {reason}")
             continue
         completions = [storable(completion) for completion in result]
-        progress.tokens += sum(len(completion.token_ids) for completion in completions)
+        progress.tokens += sum(completion.num_tokens for completion in completions)
         done[c.iteration] = replace(c, completions=completions)
     progress.generate_seconds += max((s for _, s in results), default=0.0)
     return [done.get(c.iteration, c) for c in chosen]

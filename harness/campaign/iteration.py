@@ -280,6 +280,7 @@ def rollout_records(
             rollout.status,
             rollout.error,
             [_stored(c, evaluations) for c in rollout.candidates],
+            num_tokens=completion.num_tokens,
         )
         for completion, rollout in zip(completions, group.rollouts, strict=True)
     ]

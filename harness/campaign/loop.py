@@ -270,7 +270,7 @@ def evolve(
             batch = sample_batch(
                 campaign, generator, todo[start : start + width], settings, version
             )
-            spent += sum(len(c.token_ids) for sampled in batch for c in sampled.completions)
+            spent += sum(c.num_tokens for sampled in batch for c in sampled.completions)
             if campaign.spend is not None:
                 campaign.spend.add(batch)  # counted once sampled: it is stored below
             if pending is not None:

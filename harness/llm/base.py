@@ -94,6 +94,14 @@ class Completion:
     logprobs: tuple[float, ...] | None
     finish_reason: str  # "stop" or "length"
     prompt_token_ids: tuple[int, ...] | None
+    # The completion tokens a server reported (its `usage`, shared among the request's
+    # choices) where it returned no ids; budgets and counts use it then.
+    reported_tokens: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """The tokens it generated: its ids, else what the server reported, else 0."""
+        return len(self.token_ids) if self.token_ids else (self.reported_tokens or 0)
 
 
 _SURROGATES = re.compile("[\ud800-\udfff]")

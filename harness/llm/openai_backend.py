@@ -23,15 +23,11 @@ at `Sampling.timeout` seconds, the call at `retries + 1` times that (harness/llm
 
 from __future__ import annotations
 
-import email.utils
-import math
 import os
-import random
 import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -46,11 +42,14 @@ from harness.llm.base import (
     Weights,
     check_request,
 )
-from harness.llm.timed_client import CallLimit, TimedClient
+from harness.llm.timed_client import (
+    CallLimit,
+    TimedClient,
+    backoff_delay,
+    retry_after,
+)
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-BACKOFF_CAP = 60.0  # seconds: the longest wait between two attempts of our own choosing
-RETRY_AFTER_CAP = 300.0  # seconds: the longest Retry-After we honour
 # How servers say a prompt does not fit the model: vLLM ("maximum context length", "longer than
 # the maximum model length"), llama.cpp ("exceeds the available context size"), OpenAI
 # ("context_length_exceeded"), others ("context window", "too many tokens").
@@ -247,7 +246,11 @@ class OpenAIGenerator:
             if not choices:
                 raise GenerationError(f"{self.base_url} answered with no choices")
             prompt_ids = reply.get("prompt_token_ids")
-            completions.extend(_completion(choice, prompt_ids) for choice in choices)
+            shares = usage_shares(reply.get("usage"), len(choices))
+            completions.extend(
+                _completion(choice, prompt_ids, share)
+                for choice, share in zip(choices, shares, strict=True)
+            )
         return completions[:n]
 
     def _chat(self, body: dict[str, Any], limit: CallLimit | None) -> dict[str, Any]:
@@ -412,38 +415,6 @@ class OpenAIGenerator:
         self.client.close()
 
 
-def backoff_delay(
-    attempt: int,
-    base: float,
-    draw: Callable[[float, float], float] = random.uniform,
-) -> float:
-    """Seconds to wait before retry `attempt` + 1: exponential backoff with full jitter,
-    uniform in [0, min(BACKOFF_CAP, base * 2**attempt)], so clients that failed together do
-    not come back together."""
-    return draw(0.0, min(BACKOFF_CAP, base * 2.0 ** min(attempt, 64)))
-
-
-def retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds a Retry-After header asks for (delta-seconds or an HTTP-date), at most
-    RETRY_AFTER_CAP; None when there is none or it cannot be read."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:  # an HTTP-date is always GMT
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - (now or datetime.now(UTC))).total_seconds()
-    if not math.isfinite(seconds):
-        return None
-    return min(RETRY_AFTER_CAP, max(0.0, seconds))
-
-
 def estimate_tokens(messages: Sequence[Message]) -> int:
     """An upper-leaning guess at a chat prompt's tokens where no tokenizer can be asked."""
     characters = sum(len(message.get("content") or "") for message in messages)
@@ -466,7 +437,20 @@ def _json(response: httpx.Response, where: str) -> dict[str, Any]:
         raise GenerationError(f"{where} answered with invalid JSON") from None
 
 
-def _completion(choice: dict[str, Any], prompt_ids: list[int] | None) -> Completion:
+def usage_shares(usage: Any, choices: int) -> list[int | None]:
+    """The request's reported completion tokens shared among its choices (whole tokens, the
+    rest to the first ones), so that budgets count what a server without token ids made;
+    None each where it reported none."""
+    total = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if not isinstance(total, int) or isinstance(total, bool) or total < 0:
+        return [None] * choices
+    share, rest = divmod(total, choices)
+    return [share + (i < rest) for i in range(choices)]
+
+
+def _completion(
+    choice: dict[str, Any], prompt_ids: list[int] | None, reported: int | None = None
+) -> Completion:
     entries = (choice.get("logprobs") or {}).get("content")
     logprobs = tuple(float(entry["logprob"]) for entry in entries) if entries else None
     token_ids = tuple(choice.get("token_ids") or ())
@@ -476,6 +460,7 @@ def _completion(choice: dict[str, Any], prompt_ids: list[int] | None) -> Complet
         logprobs=logprobs,
         finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
         prompt_token_ids=tuple(prompt_ids) if prompt_ids else None,
+        reported_tokens=None if token_ids else reported,
     )
 
 

@@ -9,13 +9,19 @@ caller's thread gets a TimeoutError. Nothing is left running.
 
 `CallLimit` is how long one call to a server may take: each attempt `call_timeout` seconds,
 the whole call (its attempts and the waits between them) `retries + 1` times that.
+`backoff_delay` and `retry_after` are how long to wait before the next attempt.
 """
 
 from __future__ import annotations
 
 import asyncio
+import email.utils
+import math
+import random
 import threading
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -99,3 +105,39 @@ class TimedClient:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.client.aclose()
+
+
+BACKOFF_CAP = 60.0  # seconds: the longest wait between two attempts of our own choosing
+RETRY_AFTER_CAP = 300.0  # seconds: the longest Retry-After we honour
+
+
+def backoff_delay(
+    attempt: int,
+    base: float,
+    draw: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds to wait before retry `attempt` + 1: exponential backoff with full jitter,
+    uniform in [0, min(BACKOFF_CAP, base * 2**attempt)], so clients that failed together do
+    not come back together."""
+    return draw(0.0, min(BACKOFF_CAP, base * 2.0 ** min(attempt, 64)))
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a Retry-After header asks for (delta-seconds or an HTTP-date), at most
+    RETRY_AFTER_CAP; None when there is none or it cannot be read."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # an HTTP-date is always GMT
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - (now or datetime.now(UTC))).total_seconds()
+    if not math.isfinite(seconds):
+        return None
+    return min(RETRY_AFTER_CAP, max(0.0, seconds))

@@ -203,7 +203,7 @@ def _insert_trajectories(
                 "position": position,
                 "completion": rollout.completion.replace("\x00", "\ufffd"),
                 "token_ids": list(rollout.token_ids),
-                "num_tokens": len(rollout.token_ids),
+                "num_tokens": len(rollout.token_ids) or rollout.num_tokens or 0,
                 "logprobs": None if rollout.logprobs is None else list(rollout.logprobs),
                 "finish_reason": rollout.finish_reason,
                 "policy_version_id": group.policy_version_id,
