@@ -10,13 +10,14 @@ runs them:
 
 - refresh: `run.refresh_population` (`Store.program_vectors(after_id=last)` and
   `Population.extend` of the new programs)
-- select: `campaign.choose` (island, parent, drafts), and `campaign.migrations` (every 20th
+- select: `selection.select` (island, parent, drafts), and `selection.migrants` (every 20th
   iteration)
 - load: `Store.programs_by_ids` for the parent and the 3 drafts
 - prompt: `build_prompt` with 3 candidates
 - parse: `iteration.classify_group` of G = 4 canned completions (thinking, tags, full programs,
-  edits, a truncated and a missing candidate): parsing and the duplicate check by code hash
-- record: `campaign.store_iteration`: the rollout records, and `Store.record_iteration` of the
+  edits, a truncated and a missing candidate): parsing and the duplicate checks by code hash
+  and syntax tree (`novelty.Novelty`, which `refresh` fills with the new programs' trees)
+- record: `loop.store_iteration`: the rollout records, and `Store.record_iteration` of the
   group, 4 trajectories (with token ids and logprobs) and the ~6 new programs, each with a
   precomputed evaluation (the sandbox is not run)
 
@@ -318,11 +319,13 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     """Per-stage seconds of `iterations` iterations on a fresh campaign of n programs."""
     from sqlalchemy import event
 
-    from harness.campaign import loop as campaign
-    from harness.campaign.iteration import SampledIteration, classify_group
+    from harness.campaign.iteration import BatchKeys, SampledIteration, classify_group
+    from harness.campaign.loop import store_iteration
+    from harness.campaign.novelty import Novelty
     from harness.campaign.population import Population
     from harness.campaign.prompts import build_prompt
     from harness.campaign.run import CampaignRun, refresh_population
+    from harness.campaign.selection import SelectionConfig, migrants, select, should_migrate
     from harness.config.settings import build
     from harness.evaluation.calls import Limits
     from problems.circle_packing import make_problem
@@ -333,7 +336,10 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     build_seconds = time.perf_counter() - started
     settings = {"islands": ISLANDS, "migration_interval": MIGRATION_INTERVAL, "drafts": DRAFTS}
     config = build({"candidates": CANDIDATES, "group_size": GROUP_SIZE, "seed": SEED, **settings})
-    selection_config, _ = campaign.loop_settings(config)
+    # As `generation.loop_settings` makes it (without a generator: no sampling to set).
+    selection_config = SelectionConfig(
+        islands=config.islands, migration_interval=config.migration_interval, drafts=DRAFTS
+    )
     evaluations = itertools.cycle(precomputed_evaluations(1000))
 
     # What `campaign.prepare` loads once, at start or resume (the seed is stored already).
@@ -349,6 +355,7 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         list(OBJECTIVES),  # the synthetic programs score two of the problem's objectives
         Population(OBJECTIVES),
         set(store.code_hashes(campaign_id)),
+        Novelty(problem.entry, problem.family, config.near_duplicate),
     )
     refresh_population(run)
     load_seconds = time.perf_counter() - started
@@ -369,8 +376,10 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         refresh_population(run)
         marks.append((time.perf_counter(), statements[0]))
 
-        selection = campaign.choose(run, iteration, rng, selection_config)
-        moving = campaign.migrations(run, iteration, rng, selection_config)
+        selection = select(run.population, iteration, rng, selection_config)
+        moving = []
+        if should_migrate(iteration, MIGRATION_INTERVAL):
+            moving = migrants(run.population, ISLANDS, selection_config.migrants_per_island, rng)
         marks.append((time.perf_counter(), statements[0]))
 
         parent, *drafts = store.programs_by_ids([selection.parent_id, *selection.draft_ids])
@@ -386,11 +395,14 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
         )
         marks.append((time.perf_counter(), statements[0]))
 
-        group = classify_group(texts, CANDIDATES, parent.code, run.seen, run.problem.entry)
+        group = classify_group(
+            texts, CANDIDATES, parent.code, run.seen, problem.entry, family=problem.family,
+            memory=run.novelty, island=selection.island, batch=BatchKeys(),
+        )  # fmt: skip
         evaluated = {digest: next(evaluations) for digest in group.new_code}
         marks.append((time.perf_counter(), statements[0]))
 
-        campaign.store_iteration(run, sampled, group, evaluated)
+        store_iteration(run, sampled, group, evaluated)
         marks.append((time.perf_counter(), statements[0]))
 
         if iteration >= warmup:
@@ -728,6 +740,7 @@ def main() -> None:
         f"(default: {OPENEVOLVE_VENV}, created with openevolve=={OPENEVOLVE_VERSION} if missing)",
     )
     parser.add_argument("--no-openevolve", action="store_true", help="measure our harness only")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the table goes")
     parser.add_argument("--openevolve-side", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -759,9 +772,9 @@ def main() -> None:
 
     report = render(args, runs, side)
     print(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
-    print(f"written to {RESULTS}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+    print(f"written to {args.out}")
 
 
 def render(
