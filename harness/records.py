@@ -231,6 +231,7 @@ class NewGroup:
     policy_version_id: int | None = None
     skipped: str | None = None  # why it has no rollouts (a prompt too long, a failed request)
     population: Mapping[str, Any] | None = None  # what selection saw (RolloutGroup.population)
+    prompt_tokens: int | None = None  # what a server reported, where it gave no prompt ids
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,20 @@ def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
         campaign_id = run_campaign(config, store, CirclePacking(), say=said.append)
         spent = store.summary(campaign_id).tokens
         done = store.iterations_done(campaign_id)
+        # The prompts a server reported count too: 50 a request, one request a group.
+        assert stored_spend(store, campaign_id).prompt_tokens == 50 * done
+        assert f"token budget spent: {spent} of {budget} tokens generated" in said
+
+        # A budget on everything paid for (prompts and completions), resumed: it stops once
+        # the stored total reaches it, at most a batch past it.
+        total = stored_spend(store, campaign_id).total
+        bigger = build(config.to_dict(), {"iterations": 80, "token_budget": 0,
+                                          "max_total_tokens": total + 300})  # fmt: skip
+        said.clear()
+        run_campaign(bigger, store, CirclePacking(), say=said.append)
+        after = stored_spend(store, campaign_id)
+        assert total + 300 <= after.total < total + 300 + concurrency * (50 + 2 * tokens)
+        assert said[-1].startswith(f"token budget reached: {after.total} of {total + 300}")
     batch = concurrency * 2 * tokens  # the tokens of one batch in flight
     assert budget <= spent < budget + batch and spent == done * 2 * tokens
-    assert f"token budget spent: {spent} of {budget} tokens generated" in said
     assert done < 40

@@ -36,7 +36,7 @@ class Spend:
 
     def add(self, batch: Sequence[SampledIteration]) -> None:
         for sampled in batch:
-            self.prompt_tokens += len(sampled.prompt_token_ids or ())  # None when skipped
+            self.prompt_tokens += sampled.prompt_tokens  # 0 when skipped
             self.completion_tokens += sum(c.num_tokens for c in sampled.completions)
 
     def stop_reason(self, config: CampaignConfig) -> str | None:
@@ -65,11 +65,12 @@ class Spend:
 
 def stored_spend(store: Store, campaign_id: int) -> Spend:
     """The tokens of the campaign's stored groups: a group's prompt token ids (where the
-    backend gave them) and its rollouts' completions."""
+    backend gave them, else the count a server reported) and its rollouts' completions."""
     spend = Spend()
     for group, trajectories in store.iter_trajectory_groups(campaign_id):
         if trajectories:
-            spend.prompt_tokens += len(group.get("prompt_token_ids") or ())
+            ids = group.get("prompt_token_ids")
+            spend.prompt_tokens += len(ids) if ids else group.get("prompt_tokens") or 0
         spend.completion_tokens += sum(t["num_tokens"] for t in trajectories)
     return spend
 

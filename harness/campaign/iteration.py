@@ -61,6 +61,14 @@ class SampledIteration:
     def prompt_token_ids(self) -> tuple[int, ...] | None:
         return self.completions[0].prompt_token_ids if self.completions else None
 
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt's tokens: its ids, else what the server reported, else 0 (skipped)."""
+        if not self.completions:
+            return 0
+        first = self.completions[0]
+        return len(first.prompt_token_ids or ()) or first.reported_prompt_tokens or 0
+
 
 @dataclass(frozen=True)
 class Candidate:

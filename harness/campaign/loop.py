@@ -409,6 +409,7 @@ def store_iteration(
             draft_ids=selection.draft_ids,
             prompt=sampled.prompt,
             prompt_token_ids=sampled.prompt_token_ids,
+            prompt_tokens=sampled.prompt_tokens,
             rollouts=rollouts,
             policy_version_id=sampled.policy_version_id,
             skipped=sampled.skipped,

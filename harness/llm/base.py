@@ -97,6 +97,7 @@ class Completion:
     # The completion tokens a server reported (its `usage`, shared among the request's
     # choices) where it returned no ids; budgets and counts use it then.
     reported_tokens: int | None = None
+    reported_prompt_tokens: int | None = None  # the request's prompt tokens, from its usage
 
     @property
     def num_tokens(self) -> int:

@@ -246,9 +246,12 @@ class OpenAIGenerator:
             if not choices:
                 raise GenerationError(f"{self.base_url} answered with no choices")
             prompt_ids = reply.get("prompt_token_ids")
-            shares = usage_shares(reply.get("usage"), len(choices))
+            usage = reply.get("usage")
+            shares = usage_shares(usage, len(choices))
+            prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+            prompt = prompt if isinstance(prompt, int) and prompt >= 0 else None
             completions.extend(
-                _completion(choice, prompt_ids, share)
+                _completion(choice, prompt_ids, share, None if prompt_ids else prompt)
                 for choice, share in zip(choices, shares, strict=True)
             )
         return completions[:n]
@@ -449,7 +452,10 @@ def usage_shares(usage: Any, choices: int) -> list[int | None]:
 
 
 def _completion(
-    choice: dict[str, Any], prompt_ids: list[int] | None, reported: int | None = None
+    choice: dict[str, Any],
+    prompt_ids: list[int] | None,
+    reported: int | None = None,
+    reported_prompt: int | None = None,
 ) -> Completion:
     entries = (choice.get("logprobs") or {}).get("content")
     logprobs = tuple(float(entry["logprob"]) for entry in entries) if entries else None
@@ -461,6 +467,7 @@ def _completion(
         finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
         prompt_token_ids=tuple(prompt_ids) if prompt_ids else None,
         reported_tokens=None if token_ids else reported,
+        reported_prompt_tokens=reported_prompt,
     )
 
 

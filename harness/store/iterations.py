@@ -136,6 +136,7 @@ def _insert_group(connection: Connection, campaign_id: int, group: NewGroup, now
             "parent_program_id": group.parent_id,
             "prompt": group.prompt,
             "prompt_token_ids": None if tokens is None else list(tokens),
+            "prompt_tokens": None if tokens else group.prompt_tokens,
             "policy_version_id": group.policy_version_id,
             "skipped": group.skipped,
             "population": None if group.population is None else dict(group.population),

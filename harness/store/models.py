@@ -236,6 +236,8 @@ class RolloutGroup(Base):
     # The chat messages the G rollouts answered, and their tokens where the backend gave them.
     prompt: Mapped[list[dict[str, str]]] = mapped_column(JSON, default=list)
     prompt_token_ids: Mapped[list[int] | None] = mapped_column(NullableJSON)
+    # The prompt tokens a server reported where it gave no ids (migration 0003); NULL otherwise.
+    prompt_tokens: Mapped[int | None]
     parent_program_id: Mapped[int | None] = mapped_column(
         ForeignKey("program.id", ondelete="CASCADE"), index=True
     )
