@@ -221,21 +221,26 @@ def test_report_to_comes_from_a_toml_list_or_a_comma_flag(tmp_path: Path) -> Non
 def test_vpo_train_follow_reports_its_steps_to_the_campaigns_run(
     tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A follower trains beside workers: its steps go to the campaign's own tracker run (the
-    folder and run the campaign's iterations went to), after them."""
+    """A follower trains beside workers, which report to no tracker: the follower reports the
+    iterations they stored and its own steps to the campaign's tracker run."""
     from harness.campaign.offline import follow
 
     monkeypatch.chdir(tmp_path)
     store = Store.open(tmp_path / "run.db")
-    untrained = {**settings(tiny_model, 4), "train_every": 0, "report_to": ["tensorboard"]}
+    # The iterations a worker would store: this run reports nothing.
+    untrained = {**settings(tiny_model, 4), "train_every": 0, "report_to": []}
     campaign_id = run_campaign(build(untrained), store, CirclePacking())
+    assert not (tmp_path / "trackers").exists()
     campaign = store.campaigns()[0]
     say: list[str] = []
-    assert follow(store, campaign, {"train_every": 2}, steps=2, poll=0.01, say=say.append) == 2
+    changes = {"train_every": 2, "report_to": ["tensorboard"]}
+    assert follow(store, campaign, changes, steps=2, poll=0.01, say=say.append) == 2
     folder = campaign_folder(tmp_path)
     assert f"reporting to tensorboard in {folder}" in say
     tags = scalars(folder / "tensorboard")
     assert tags["iteration/parse_rate"] == [1, 2, 3, 4]
+    assert tags["iteration/hypervolume"] == [1, 2, 3, 4]
+    assert "iteration/tokens_per_second" not in tags  # the workers' to know
     assert tags["train/loss"] == [1, 2]
     assert [p.step for p in store.policies(campaign_id)] == [1, 2]
     store.close()

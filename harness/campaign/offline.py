@@ -76,10 +76,11 @@ def follow(
         f"following campaign {campaign.name!r} of {store.where}: a step every {every} new "
         f"groups, versions in {trainer.folder}"
     )
-    # The campaign's trackers get the steps, on its run (the workers' iterations are in the
-    # database; `vpo status` and the dashboard read them there).
+    # The campaign's trackers get the steps and the iterations the workers store, on its run:
+    # one process reports for all (workers report to none: processes sharing one wandb or
+    # trackio run would collide).
     reporter = (
-        open_reporter(config, store, campaign.id, campaign.name, trainer.objectives)
+        open_reporter(config, store, campaign.id, campaign.name, trainer.objectives, False)
         if parallel.main
         else None
     )
@@ -88,6 +89,8 @@ def follow(
     taken = skipped = 0
     try:
         while steps is None or taken < steps:
+            if reporter is not None:
+                reporter.iteration(None)  # what the workers stored since, in order
             metrics = train_next_version(trainer, None)
             if metrics is not None:
                 taken += metrics.skipped is None
@@ -103,6 +106,7 @@ def follow(
             time.sleep(poll)
     finally:
         if reporter is not None:
+            reporter.iteration(None)
             reporter.close()
     also = f" ({skipped} more skipped, see above)" if skipped else ""
     say(f"{taken} steps{also}; the last policy version is step {trainer.policy.step}")

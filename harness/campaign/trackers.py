@@ -50,6 +50,8 @@ MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio",
 PROJECT = "vpo-evolve"  # the wandb / trackio project and the MLflow experiment
 ITERATION = "iteration"  # the step axis of the per-iteration metrics
 TRAIN_STEP = "train/step"  # the step axis of the per-step metrics
+REPORTED = "tracker_reported"  # the event saying up to which group iterations were reported
+SAVE_EVERY = 20  # iterations reported between two such events (and one at the end)
 
 
 def check_installed(names: tuple[str, ...]) -> None:
@@ -244,6 +246,9 @@ class Reporter:
     campaign_id: int
     objectives: list[str]
     folder: Path | None = None  # where the trackers write
+    # Without a record of what was reported, whether the stored iterations were: a campaign
+    # resumed by `vpo run` reported its own; workers report none, for a follower to report.
+    reported_before: bool = True
     last_group: int = 0
     last_program: int = 0
     front: np.ndarray | None = None  # (n, d) the distinct non-dominated valid score vectors
@@ -252,8 +257,13 @@ class Reporter:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        newest = self.store.iteration_measures(self.campaign_id, last=1)
-        self.last_group = newest[-1].group_id if newest else 0  # reported by an earlier run
+        self._unsaved = 0  # iterations reported since the last REPORTED event
+        saved = self.store.events(self.campaign_id, REPORTED)
+        if saved:
+            self.last_group = int(saved[-1].payload["group"])
+        elif self.reported_before:
+            newest = self.store.iteration_measures(self.campaign_id, last=1)
+            self.last_group = newest[-1].group_id if newest else 0
         self.front = np.zeros((0, len(self.objectives)))
         self.best = {}
         self._read_programs()
@@ -275,21 +285,23 @@ class Reporter:
         if not np.array_equal(front, self.front):
             self.front, self.volume = front, hypervolume(front)
 
-    def iteration(self, progress: Progress) -> None:
-        """Report the iterations stored since the last report."""
+    def iteration(self, progress: Progress | None) -> None:
+        """Report the iterations stored since the last report (by this process or, for a
+        follower, by the workers: `progress` None, whose throughput is theirs to know)."""
         with self._lock:
             measures = self.store.iteration_measures(self.campaign_id, after_group=self.last_group)
             if not measures:
                 return
             self._read_programs()
-            wall = max(time.perf_counter() - progress.started, 1e-9)
             assert self.best is not None
             shared = {
                 "iteration/hypervolume": self.volume,
-                "iteration/tokens_per_second": progress.tokens / wall,
-                "iteration/evals_per_second": progress.evaluations / wall,
                 **{metric_name(f"best/{k}"): v for k, v in self.best.items()},
             }
+            if progress is not None:
+                wall = max(time.perf_counter() - progress.started, 1e-9)
+                shared["iteration/tokens_per_second"] = progress.tokens / wall
+                shared["iteration/evals_per_second"] = progress.evaluations / wall
             for measured in measures:
                 metrics = dict(shared)
                 if measured.parse_rate is not None:
@@ -298,6 +310,9 @@ class Reporter:
                     metrics["iteration/pool_diversity"] = measured.pool_diversity
                 self._log(metrics, measured.iteration + 1, ITERATION)
                 self.last_group = max(self.last_group, measured.group_id)
+            self._unsaved += len(measures)
+            if self._unsaved >= SAVE_EVERY:
+                self._save()
 
     def train_step(self, metrics: StepMetrics) -> None:
         numbers = {
@@ -312,16 +327,29 @@ class Reporter:
         for tracker in self.trackers:
             tracker.log(metrics, step, axis)
 
+    def _save(self) -> None:
+        """Record how far the iterations were reported, for the next run or follower."""
+        self.store.record_event(self.campaign_id, REPORTED, {"group": self.last_group})
+        self._unsaved = 0
+
     def close(self) -> None:
         with self._lock:
+            if self._unsaved:
+                self._save()
             for tracker in self.trackers:
                 tracker.close()
 
 
 def open_reporter(
-    config: CampaignConfig, store: Store, campaign_id: int, name: str, objectives: list[str]
+    config: CampaignConfig,
+    store: Store,
+    campaign_id: int,
+    name: str,
+    objectives: list[str],
+    reported_before: bool = True,
 ) -> Reporter | None:
-    """The campaign's trackers, each resuming its run; None when it reports to none."""
+    """The campaign's trackers, each resuming its run; None when it reports to none.
+    `reported_before`: see `Reporter` (False for a follower of workers)."""
     if not config.report_to:
         return None
     check_installed(config.report_to)
@@ -331,7 +359,9 @@ def open_reporter(
     try:
         for tracker in config.report_to:
             trackers.append(BACKENDS[tracker](folder / tracker, run, name, config))
-        return Reporter(trackers, store, campaign_id, objectives, folder=folder)
+        return Reporter(
+            trackers, store, campaign_id, objectives, folder=folder, reported_before=reported_before
+        )
     except BaseException:
         for opened in trackers:
             opened.close()
