@@ -55,6 +55,7 @@ demo: install
 TEST_WORKERS ?= 2
 test: install system-deps
 	$(BIN)/ruff check .
+	$(BIN)/python benchmarks/peers.py --install --harnesses openevolve,shinka  # tests/test_peers.py
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
