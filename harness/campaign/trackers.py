@@ -334,10 +334,12 @@ class Reporter:
 
     def close(self) -> None:
         with self._lock:
-            if self._unsaved:
-                self._save()
-            for tracker in self.trackers:
-                tracker.close()
+            try:
+                if self._unsaved:
+                    self._save()  # a failure here (a full disk) costs a repeat on resume only
+            finally:
+                for tracker in self.trackers:
+                    tracker.close()
 
 
 def open_reporter(
