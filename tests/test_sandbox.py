@@ -725,6 +725,18 @@ def test_decode_is_strict(wire: object, message: str) -> None:
         zygote.decode(wire)
 
 
+def test_an_array_where_numpy_does_not_import_is_a_codec_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sandbox whose interpreter cannot import numpy (a venv that does not match the tree)
+    once failed every evaluation with a bare exit status: the decoder must name the cause."""
+    wire = json.loads(json.dumps(zygote.encode({"x": np.zeros(2)})))
+    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` now raises ImportError
+    cause = re.escape("an array at ['x'], but numpy does not import here")
+    with pytest.raises(zygote.CodecError, match=cause):
+        zygote.decode(wire)
+
+
 def test_nesting_is_bounded() -> None:
     deep: list = []
     for _ in range(zygote.MAX_DEPTH + 2):

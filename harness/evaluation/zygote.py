@@ -223,7 +223,10 @@ def _decode_array(spec: Any, where: str) -> Any:
     dtype_text, shape, data = spec
     if type(dtype_text) is not str or not _NUMERIC_DTYPE.fullmatch(dtype_text):
         raise CodecError(f"an array of unsupported dtype {str(dtype_text)[:40]!r}{_at(where)}")
-    import numpy as np
+    try:
+        import numpy as np
+    except ImportError as exc:  # the sandbox's interpreter lacks it: say so, never die mute
+        raise CodecError(f"an array{_at(where)}, but numpy does not import here: {exc}") from None
 
     try:
         dtype = np.dtype(dtype_text)
