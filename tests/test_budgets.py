@@ -170,3 +170,37 @@ def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
     batch = concurrency * 2 * tokens  # the tokens of one batch in flight
     assert budget <= spent < budget + batch and spent == done * 2 * tokens
     assert done < 40
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_the_call_budget_is_iterations_one_request_each_at_any_concurrency(
+    concurrency: int, tmp_path: Path
+) -> None:
+    """A call budget is `iterations`: each iteration asks the model once for its G rollouts
+    (`n` = G), so a server sees exactly as many requests as iterations, with any number in
+    flight, and a resume with a larger budget asks only for the new ones."""
+    requests: list[int] = []
+
+    def answer(body: dict[str, object]) -> dict[str, object]:
+        n = int(body.get("n", 1))  # type: ignore[call-overload]
+        requests.append(n)
+        text = "<candidate_1>\n```python\ndef construct_packing(n):\n    return []\n```\n"
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": f"{text}{len(requests)} {i}"},
+             "finish_reason": "stop"}
+            for i in range(n)
+        ]  # fmt: skip
+        return {"choices": choices, "usage": {"prompt_tokens": 50, "completion_tokens": 10 * n}}
+
+    with chat_server(answer) as url, Store.open(tmp_path / "c.db") as store:
+        config = build({
+            "backend": "openai", "base_url": url, "api_key_env": "", "model": "m",
+            "iterations": 11, "group_size": 3, "candidates": 1, "concurrency": concurrency,
+            "retries": 0,
+        })  # fmt: skip
+        campaign_id = run_campaign(config, store, CirclePacking(), say=lambda _: None)
+        assert requests == [3] * 11
+        assert store.iterations_done(campaign_id) == 11
+        run_campaign(build(config.to_dict(), {"iterations": 19}), store, CirclePacking(),
+                     say=lambda _: None)  # fmt: skip
+        assert requests == [3] * 19
