@@ -3,7 +3,7 @@
     python benchmarks/peers.py [--harnesses openevolve,shinka,vpo,vpo-train]
         [--problems oscillator1,bactgrow] [--seeds 0,1,2] [--token-budget 8000]
         (--base-url URL --model NAME | --serve [--model qwen-coder])
-        [--temperature 0.8] [--top-p 0.95] [--max-tokens 1024] [--keep DIR]
+        [--temperature 0.8] [--top-p 0.95] [--max-tokens 1024] [--keep DIR [--resume]]
         [--out benchmarks/results/peers.md] [--plot benchmarks/results/peers.png]
     python benchmarks/peers.py --report-from DIR [--out FILE.md] [--plot FILE.png]
 
@@ -39,6 +39,7 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -272,6 +273,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", type=Path, help="keep every run's folder (logs, databases) here")
     parser.add_argument("--report-from", type=Path, help="report the runs kept in DIR; run none")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on in --keep DIR: reuse each finished run, run again any a stop cut",
+    )
+    parser.add_argument(
         "--install", action="store_true", help="make the peers' environments (once) and exit"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "peers.md")
@@ -292,6 +298,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_tokens <= 0 or not 0 < args.top_p <= 1 or args.temperature < 0:
         parser.error("--max-tokens must be > 0, --top-p in (0, 1], --temperature >= 0")
     args.problems = [problem_name(p, parser) for p in args.problems.split(",") if p.strip()]
+    if args.resume and args.keep is None:
+        parser.error("--resume goes on with the runs kept in --keep DIR; give it")
     if args.report_from is None and not args.install:
         if args.serve == bool(args.base_url):
             parser.error("give the model's endpoint with --base-url URL, or --serve to start one")
@@ -340,6 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     started, server, runs = time.time(), None, []
+    args.kept_s = 0.0  # the wall clock of runs --resume kept from earlier sessions
     with tempfile.TemporaryDirectory(prefix="vpo-peers-") as scratch:
         folder = args.keep or Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
@@ -354,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
             if server is not None:
                 stop(server, graceful=False)
     plot(runs, args.plot, f"best against tokens, {args.token_budget} tokens a run, {args.model}")
-    publish(args.out, report(runs, header(args, time.time() - started)))
+    publish(args.out, report(runs, header(args, time.time() - started + args.kept_s)))
     print(f"plot written to {args.plot}")
 
 
@@ -362,8 +371,16 @@ def one(harness: str, problem: str, seed: int, args: argparse.Namespace, folder:
     label = f"[{problem} seed {seed} {harness}]"
     print(f"{label} starting", file=sys.stderr, flush=True)
     run_folder = folder / f"{problem.replace(':', '-')}-{harness}-seed{seed}"
+    if args.resume and (run_folder / "run.json").exists():
+        print(f"{label} kept: finished in an earlier session", file=sys.stderr, flush=True)
+        kept = PeerRun.load(run_folder / "run.json")
+        args.kept_s += kept.wall_s
+        return kept
+    if args.resume and run_folder.exists():  # cut before it finished: from the start
+        print(f"{label} was cut before it finished; running it again", file=sys.stderr)
+        shutil.rmtree(run_folder)
     if run_folder.exists():
-        raise SystemExit(f"{run_folder} is already there; remove it or --keep elsewhere")
+        raise SystemExit(f"{run_folder} is already there; remove it, --keep elsewhere, or --resume")
     result = run_one(harness, problem, seed, args, run_folder)
     result.save(run_folder / "run.json")
     best = " ".join(f"{n} {v:.3f}" for n, v in zip(result.objectives, result.best(), strict=True))

@@ -205,6 +205,7 @@ def test_vpo_runs_demo_settings_at_the_shared_sampling_and_trains_only_in_vpo_tr
         (["--token-budget", "-5"], "--token-budget must be > 0"),
         (["--problems", "oscillator9"], "unknown equation_discovery problem 'oscillator9'"),
         (["--problems", "no_such_problem:1"], "unknown problem 'no_such_problem'"),
+        (["--resume"], "--resume goes on with the runs kept in --keep DIR"),
     ],
 )
 def test_bad_command_lines_are_one_line_errors(flags: list[str], said: str) -> None:
@@ -281,3 +282,40 @@ def test_each_harness_runs_to_the_budget_through_the_proxy(harness: str, tmp_pat
     table = out.read_text()
     assert "## equation_discovery:oscillator1" in table and f"| {harness} | 0 |" in table
     assert picture.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_resume_reuses_finished_runs_and_runs_a_cut_one_again(tmp_path: Path) -> None:
+    """A benchmark too long for one session goes on: with --resume a kept run that finished
+    is reported again without a model call, and one a stop cut (no run.json) runs afresh."""
+    model, kept = ScriptedModel(), tmp_path / "runs"
+
+    def bench(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(SCRIPT), "--harnesses", "vpo", "--problems", "oscillator1",
+             "--seeds", "0,1", "--token-budget", str(3 * TOKENS_PER_ANSWER), "--base-url", url,
+             "--model", "m", "--max-tokens", "300", "--keep", str(kept),
+             "--out", str(tmp_path / "peers.md"), "--plot", str(tmp_path / "peers.png"), *extra],
+            capture_output=True, text=True, timeout=500,
+        )  # fmt: skip
+
+    with chat_server(model) as url:
+        assert bench().returncode == 0
+        first = {seed: PeerRun.load(kept / f"equation_discovery-oscillator1-vpo-seed{seed}"
+                                    / "run.json") for seed in (0, 1)}  # fmt: skip
+        asked = len(model.bodies)
+        again = bench()
+        assert again.returncode == 1 and "--resume" in again.stderr  # never over a kept run
+
+        cut = kept / "equation_discovery-oscillator1-vpo-seed1"
+        (cut / "run.json").unlink()
+        resumed = bench("--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "[equation_discovery:oscillator1 seed 0 vpo] kept" in resumed.stderr
+    assert "seed 1 vpo] was cut before it finished" in resumed.stderr
+    redone = PeerRun.load(cut / "run.json")
+    assert len(model.bodies) - asked == redone.calls >= 1  # seed 1 alone asked the model again
+    assert min(redone.tokens, first[1].tokens) >= 3 * TOKENS_PER_ANSWER
+    table = (tmp_path / "peers.md").read_text()
+    assert "| vpo | 0 |" in table and "| vpo | 1 |" in table
