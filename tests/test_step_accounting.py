@@ -343,3 +343,22 @@ def test_rollouts_of_versions_whose_steps_trained_nothing_are_not_counted_as_tra
     assert [(row.step, row.changed) for row in rows] == [(0, False), (1, False), (2, False)]
     assert seen[-1].rollouts == 6 and seen[-1].trained == 0
     assert "by trained weights 0/6" in seen[-1].line(3, 3)
+
+
+def test_the_last_steps_line_names_the_last_iteration_when_a_budget_stops_the_run(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    """A token budget stops a training campaign early: the line of its last step (trained on
+    the last batch) names the last iteration stored, not the iteration cap."""
+    lines: list[str] = []
+    with Store.open(tmp_path / "c.db") as store:
+        config = build(settings(tiny_model, iterations=40, train_every=1, token_budget=60))
+        campaign_id = run_campaign(
+            config,
+            store,
+            CirclePacking(),
+            on_progress=lambda iteration, shown: lines.append(shown.line(iteration, 40)),
+        )
+        done = store.iterations_done(campaign_id)
+    assert 1 <= done < 40
+    assert "| step " in lines[-1] and lines[-1].startswith(f"iteration {done}/40 |")

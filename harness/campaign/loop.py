@@ -286,7 +286,9 @@ def evolve(
         if pending is not None:
             pending.result()
             if train_waiting_groups(campaign, generator) and on_progress:
-                on_progress(config.iterations, campaign.progress)  # show the last step too
+                # The last step too, at the last iteration stored (a budget may stop early).
+                done = campaign.store.iterations_done(campaign.campaign_id)
+                on_progress(done, campaign.progress)
 
 
 def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:
