@@ -14,6 +14,7 @@ from harness.campaign.loop import run_campaign
 from harness.cli import main
 from harness.config.errors import UserError
 from harness.config.settings import build
+from harness.inspect import status
 from harness.store import Store
 from problems.circle_packing import CirclePacking
 
@@ -156,6 +157,10 @@ def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
         # The prompts a server reported count too: 50 a request, one request a group.
         assert stored_spend(store, campaign_id).prompt_tokens == 50 * done
         assert f"token budget spent: {spent} of {budget} tokens generated" in said
+        # `vpo status` says what stopped it, and gives no time left.
+        report = status.progress(store, store.get_campaign("circle_packing"))
+        assert report["stopped_by"] == f"token budget spent: {spent} of {budget} tokens generated"
+        assert report["eta_s"] is None
 
         # A budget on everything paid for (prompts and completions), resumed: it stops once
         # the stored total reaches it, at most a batch past it.

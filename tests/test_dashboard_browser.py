@@ -237,6 +237,17 @@ def test_dashboard_in_chromium(
         ".textContent"
     )
     assert share == "1 of 4 (25%)"
+    # A campaign a budget finished early: the iterations card says which budget.
+    with Store.open(sqlite_database) as writer:
+        writer.set_campaign_status(1, "finished", "token budget spent: 60 of 50 tokens generated")
+    stopped = _wait(
+        driver,
+        "the budget that stopped it",
+        "const c = [...document.querySelectorAll('.card')].find(c => c.querySelector('.label')"
+        ".textContent === 'iterations'); const d = c && c.querySelector('.detail');"
+        " return d && d.textContent",
+    )
+    assert stopped == "stopped by token budget spent: 60 of 50 tokens generated"
 
     # A record above the best known value (1): its card says so, the best-value plot draws the
     # best known value to compare, and its scores are marked in the tables.

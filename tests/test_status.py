@@ -154,6 +154,42 @@ def test_a_stopped_or_quiet_campaign_is_not_running(campaign_db: str) -> None:
         assert status.progress(store, campaign)["running"] is False
 
 
+def test_a_campaign_a_budget_finished_early_says_which_and_has_no_time_left(
+    campaign_db: str, capsys: pytest.CaptureFixture
+) -> None:
+    reason = "token budget spent: 60 of 50 tokens generated"
+    with Store.open(campaign_db) as store:
+        store.set_campaign_status(1, "finished", reason)
+        (campaign,) = store.campaigns()
+        report = status.progress(store, campaign)
+    assert (report["iterations"], report["budget"]) == (4, 10)
+    assert report["stopped_by"] == reason and report["eta_s"] is None
+    assert main(["status", "--db", campaign_db]) == 0
+    printed = capsys.readouterr().out
+    assert "stopped by" in printed and "about 2 min" not in printed
+    with Store.open(campaign_db) as store:
+        store.set_campaign_status(1, "running")  # resumed with a larger budget
+        (campaign,) = store.campaigns()
+        again = status.progress(store, campaign)
+    assert again["stopped_by"] is None and again["eta_s"] == pytest.approx(120.0)
+
+
+def test_a_table_written_to_a_pipe_is_not_cut_at_80_columns(
+    campaign_db: str, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reason = "cost budget reached: $5.0012 of $5; resume with a larger --max-cost"
+    with Store.open(campaign_db) as store:
+        store.set_campaign_status(1, "finished", reason)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(["status", "--db", campaign_db]) == 0
+    assert any(reason in line for line in capsys.readouterr().out.splitlines())
+    monkeypatch.setenv("COLUMNS", "80")  # a width the user asked for still holds
+    assert main(["status", "--db", campaign_db]) == 0
+    printed = capsys.readouterr().out
+    assert not any(reason in line for line in printed.splitlines())
+    assert max(len(line) for line in printed.splitlines()) <= 80
+
+
 def test_a_resume_with_a_new_budget_moves_the_eta(campaign_db: str) -> None:
     with Store.open(campaign_db) as store:
         store.record_event(1, "resumed", {"config": {"iterations": 4}})

@@ -120,6 +120,7 @@ def run_campaign(
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
     campaign: CampaignRun | None = None
+    stopped: str | None = None  # the budget that ended the run before its iterations
     try:
         with Sandbox(workers=config.sandbox_workers) as sandbox:
             campaign = prepare(config, store, problem, campaign_id, sandbox)
@@ -136,7 +137,7 @@ def run_campaign(
                     generator = trainer_generator(config, campaign.trainer)
                 elif generator is None:
                     generator = base_generator(config)
-                evolve(campaign, generator, on_progress, say=say)
+                stopped = evolve(campaign, generator, on_progress, say=say)
             elif config.train_every and store.untrained_count(campaign_id) >= config.train_every:
                 # Killed after recording its last iteration, before training on the last
                 # groups: train on them now (no generator to start, nothing left to sample).
@@ -151,7 +152,7 @@ def run_campaign(
                 note = untrained_note(store, campaign_id, config.train_every)
                 if note is not None:
                     (say or log.info)(note)
-        store.set_campaign_status(campaign_id, "finished")
+        store.set_campaign_status(campaign_id, "finished", stopped)
     except KeyboardInterrupt:
         _settle_status(store, campaign_id, "stopped", before, done_before)
         raise
@@ -225,7 +226,7 @@ def evolve(
     *,
     overlap: bool = True,
     say: Callable[[str], None] | None = None,
-) -> None:
+) -> str | None:
     """The iterations below the budget not recorded yet, `concurrency` at a time: a batch
     generates while the one before it is evaluated and stored (each iteration in its own
     transaction), and training steps run between batches. With `overlap` off a batch is
@@ -234,7 +235,8 @@ def evolve(
     A campaign that trains and samples after each step (`sample_after_step`, the default for
     in-process backends) stores a batch and takes the steps its groups allow before the next
     batch generates, so every batch is sampled by the newest version; otherwise the next batch
-    generates while the one before is evaluated, and is sampled one step behind.
+    generates while the one before is evaluated, and is sampled one step behind. Returns the
+    line of the budget that stopped it before its iterations, else None.
     """
     config = campaign.config
     settings = loop_settings(config, generator)
@@ -250,17 +252,14 @@ def evolve(
     width = settings.concurrency
     # Tokens generated so far, the batches of this run counted as they are sampled.
     spent = campaign.store.summary(campaign.campaign_id).tokens if config.token_budget else 0
+    stopped: str | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
         pending: Future[None] | None = None
         for start in range(0, len(todo), width):
-            if config.token_budget and spent >= config.token_budget:
+            stopped = budget_stop(campaign, spent)
+            if stopped is not None:
                 if say:
-                    say(f"token budget spent: {spent} of {config.token_budget} tokens generated")
-                break
-            stop = campaign.spend.stop_reason(config) if campaign.spend else None
-            if stop is not None:
-                if say:
-                    say(stop)  # once the batch in flight is stored, below
+                    say(stopped)  # the batch in flight is stored below
                 break
             if fresh and pending is not None:  # the steps this batch allows, before the next
                 pending.result()
@@ -289,6 +288,16 @@ def evolve(
                 # The last step too, at the last iteration stored (a budget may stop early).
                 done = campaign.store.iterations_done(campaign.campaign_id)
                 on_progress(done, campaign.progress)
+    return stopped
+
+
+def budget_stop(campaign: CampaignRun, spent: int) -> str | None:
+    """Why no new batch may start: the generated tokens reached `token_budget` (`spent`, this
+    run's batches counted as sampled), or a budget on what the campaign paid; else None."""
+    config = campaign.config
+    if config.token_budget and spent >= config.token_budget:
+        return f"token budget spent: {spent} of {config.token_budget} tokens generated"
+    return campaign.spend.stop_reason(config) if campaign.spend else None
 
 
 def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:

@@ -6,15 +6,28 @@ characters escaped (`inert`), never obeyed by the terminal.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from problems.api import Evaluation, Problem, record_note
 
+# The width of a table written to a file or a pipe (rich assumes 80 columns there and cuts
+# paths and wraps rows); on a terminal, the terminal's.
+PIPE_WIDTH = 200
+
+
+def console() -> Any:
+    """A rich console: the terminal's width on a terminal, `PIPE_WIDTH` elsewhere (`COLUMNS`
+    set in the environment wins)."""
+    from rich.console import Console
+
+    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+    return Console(width=PIPE_WIDTH) if wide else Console()
+
 
 def print_problems(problems: Sequence[Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="problems")
@@ -30,7 +43,7 @@ def print_problems(problems: Sequence[Any]) -> None:
                 f"{objective.best_known:.10g}",
                 objective.source,
             )
-    Console().print(table)
+    console().print(table)
 
 
 def problem_json(problem: Any) -> dict[str, Any]:
@@ -54,7 +67,6 @@ def problem_json(problem: Any) -> dict[str, Any]:
 
 
 def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
@@ -70,13 +82,13 @@ def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> No
             "-" if raw is None else f"{raw:.10f}",
             f"{objective.best_known:.10g}",
         )
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     line = f"status: {evaluation.status}"
     if evaluation.reason:
         # The reason quotes the candidate (its exception, its output): escaped like `vpo db`.
         line += f" ({inert(evaluation.reason)})"
-    console.print(line, markup=False, highlight=False)
+    out.print(line, markup=False, highlight=False)
 
 
 class progress_reporter:  # noqa: N801 - used as a context manager, reads like a function
@@ -111,7 +123,6 @@ class progress_reporter:  # noqa: N801 - used as a context manager, reads like a
 
 
 def print_best(problem: Problem, summary: Any) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{problem.name}: best so far")
@@ -130,7 +141,7 @@ def print_best(problem: Problem, summary: Any) -> None:
             f"{objective.best_known:.10g}",
             str(best["program_id"]),
         )
-    Console().print(table)
+    console().print(table)
     print(
         f"programs: {summary.programs} ({summary.valid_programs} valid), "
         f"iterations: {summary.groups}, tokens: {summary.tokens}"
@@ -142,7 +153,6 @@ def print_best(problem: Problem, summary: Any) -> None:
 def print_versions(versions: list[dict[str, Any]], objectives: Sequence[str]) -> None:
     """What each policy version sampled (`vpo run`'s end, `vpo status`): version 0 is the
     weights the campaign started from."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="what each policy version sampled")
@@ -160,7 +170,7 @@ def print_versions(versions: list[dict[str, Any]], objectives: Sequence[str]) ->
             "-" if diversity is None else f"{diversity:.3f}",
             *(score_text(row["best"][o]) if o in row["best"] else "-" for o in objectives),
         )
-    Console().print(table)
+    console().print(table)
 
 
 def trained_share(versions: list[dict[str, Any]]) -> str:
@@ -173,16 +183,14 @@ def trained_share(versions: list[dict[str, Any]]) -> str:
 
 
 def print_summary(title: str, report: dict[str, Any]) -> None:
-    from rich.console import Console
 
-    Console().print(summary_table(title, report))
+    console().print(summary_table(title, report))
 
 
 def print_status(title: str, report: dict[str, Any]) -> None:
     """`vpo status`: the counts, then how it is going (harness/inspect/status.py), then the best."""
-    from rich.console import Console
 
-    Console().print(summary_table(title, report, status_rows(report)))
+    console().print(summary_table(title, report, status_rows(report)))
     if report["steps"]:
         print_versions(report["versions"], list(report["best"]))
 
@@ -205,6 +213,7 @@ def status_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     state = "running" if report["running"] else f"idle for {duration(report['idle_s'])}"
     rows = [
         ("iterations done", f"{done} of {budget}" if budget is not None else str(done)),
+        *([("stopped by", report["stopped_by"])] if report.get("stopped_by") else []),
         ("elapsed", f"{duration(report['elapsed_s'])} ({state})"),
         ("time left", "-" if report["eta_s"] is None else f"about {duration(report['eta_s'])}"),
     ]
@@ -266,13 +275,12 @@ def duration(seconds: float) -> str:
 def print_view(command: str, data: Any) -> None:
     """What `vpo db COMMAND` found, as a table (top, pareto, stats, bestk, lineage), a program
     (show) or a diff."""
-    from rich.console import Console
 
-    console = Console()
+    out = console()
     if command in ("top", "pareto"):
-        console.print(_ranking(command, data))
+        out.print(_ranking(command, data))
     elif command == "bestk":
-        console.print(_best_at_k(data))
+        out.print(_best_at_k(data))
     elif command == "stats":
         by_status = data["programs_by_status"].items()
         rows = [(f"programs {status}", str(n)) for status, n in by_status]
@@ -280,19 +288,19 @@ def print_view(command: str, data: Any) -> None:
             (f"skipped iteration {s['iteration']}", inert(s["reason"][:200]))
             for s in data.get("last_skipped", [])
         ]
-        console.print(summary_table("database", data, rows))
+        out.print(summary_table("database", data, rows))
     elif command == "show":
-        _print_program(console, data)
+        _print_program(out, data)
     elif command == "diff":
         from rich.syntax import Syntax
         from rich.text import Text
 
         if data["diff"]:
-            console.print(Syntax(inert(data["diff"]), "diff"))
+            out.print(Syntax(inert(data["diff"]), "diff"))
         else:
-            console.print(Text(f"programs {data['from']} and {data['to']} have the same code"))
+            out.print(Text(f"programs {data['from']} and {data['to']} have the same code"))
     else:
-        _print_lineage(console, data)
+        _print_lineage(out, data)
 
 
 def _ranking(command: str, data: Any) -> Any:

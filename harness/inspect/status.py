@@ -11,8 +11,10 @@ stored config); nothing is kept in a second place:
     pace        = over the last `PACE_WINDOW` groups by the time they were stored, t_0 .. t_n:
                   (t_n - t_0) / n seconds per iteration; the tokens and evaluations of groups
                   1..n over the same span give tokens/s and evaluations/s
-    eta_s       = pace x (budget - iterations); None when finished, without a budget, or with
-                  fewer than two groups (no span to measure)
+    stopped_by  = why a finished campaign's last run ended before its budget of iterations
+                  (`token budget spent: ...`, `cost budget reached: ...`), else None
+    eta_s       = pace x (budget - iterations); None when finished (a budget that stopped it
+                  too), without a budget, or with fewer than two groups (no span to measure)
     running     = the campaign's status is "running" and it wrote something in the last
                   max(`ACTIVE_S`, 3 x pace) seconds (a killed run keeps status "running")
     skipped_steps = training steps that changed no weight and made no version (their events)
@@ -81,11 +83,13 @@ def progress(store: Store, campaign: CampaignRecord, now: datetime | None = None
     idle = (now - last).total_seconds()
     per_iteration = pace["seconds_per_iteration"]
     policies = store.policies(campaign.id)
+    finished = campaign.status == "finished"
     return {
         "iterations": done,
         "budget": budget,
+        "stopped_by": stopped_by(store, campaign) if finished else None,
         "elapsed_s": (last - campaign.created_at).total_seconds(),
-        "eta_s": eta(per_iteration, done, budget),
+        "eta_s": None if finished else eta(per_iteration, done, budget),
         "running": campaign.status == "running"
         and idle <= max(ACTIVE_S, 3 * (per_iteration or 0.0)),
         "idle_s": idle,
@@ -141,6 +145,13 @@ def step_accounting(store: Store, campaign_id: int) -> dict[str, Any]:
         "last_skipped_step": skipped[-1] if skipped else None,
         "untrained_groups": store.untrained_count(campaign_id),
     }
+
+
+def stopped_by(store: Store, campaign: CampaignRecord) -> str | None:
+    """Why the campaign's last run finished before its iterations (the budget that stopped
+    it, as `vpo run` said it); None when it ran them all."""
+    statuses = store.events(campaign.id, "campaign_status")
+    return statuses[-1].payload.get("reason") if statuses else None
 
 
 def iteration_budget(campaign: CampaignRecord, resumed: Sequence[EventRecord]) -> int | None:

@@ -59,7 +59,9 @@ class Campaigns(Database):
             rows = connection.execute(select(CAMPAIGN).order_by(CAMPAIGN.c.id)).all()
         return [campaign_record(row) for row in rows]
 
-    def set_campaign_status(self, campaign_id: int, status: str) -> None:
+    def set_campaign_status(self, campaign_id: int, status: str, reason: str | None = None) -> None:
+        """The campaign's status, logged as an event with `reason` where one is given (why a
+        run finished before its iterations: the budget that stopped it)."""
         check_choice("campaign status", status, CAMPAIGN_STATUSES)
         with self._writing() as connection:
             result = connection.execute(
@@ -67,7 +69,8 @@ class Campaigns(Database):
             )
             if result.rowcount != 1:
                 raise KeyError(f"no campaign with id {campaign_id}")
-            log_event(connection, campaign_id, "campaign_status", {"status": status})
+            payload = {"status": status} if reason is None else {"status": status, "reason": reason}
+            log_event(connection, campaign_id, "campaign_status", payload)
 
     def add_program(
         self,
