@@ -3,6 +3,7 @@ reach the budget, says why, and goes on when resumed with a larger one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,17 +125,16 @@ def test_budgets_come_from_a_toml_section(tmp_path: Path) -> None:
         build({"max_total_tokens": 1.5})
 
 
-@pytest.mark.parametrize("concurrency", [1, 8])
-def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
-    concurrency: int, tmp_path: Path
-) -> None:
-    """A server that returns no token ids (the OpenAI API, most servers) reports its tokens in
-    `usage`: those count, so the budget stops the campaign at any concurrency, at most one
-    batch past it, and says what was spent."""
-    tokens = 10  # each completion's, as the server reports it
+def usage_server(
+    tokens: int, requests: list[int] | None = None
+) -> Callable[[dict[str, object]], dict[str, object]]:
+    """A server's answer without token ids: n one-candidate completions, each `tokens` long and
+    its prompt 50 by the `usage` it reports; `requests` gets each request's n."""
 
     def answer(body: dict[str, object]) -> dict[str, object]:
         n = int(body.get("n", 1))  # type: ignore[call-overload]
+        if requests is not None:
+            requests.append(n)
         text = "<candidate_1>\n```python\ndef construct_packing(n):\n    return []\n```\n"
         choices = [
             {"index": i, "message": {"role": "assistant", "content": f"{text}{i}"},
@@ -143,6 +143,18 @@ def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
         ]  # fmt: skip
         return {"choices": choices, "usage": {"prompt_tokens": 50, "completion_tokens": tokens * n}}
 
+    return answer
+
+
+@pytest.mark.parametrize("concurrency", [1, 8])
+def test_a_token_budget_at_a_server_without_token_ids_stops_within_one_batch(
+    concurrency: int, tmp_path: Path
+) -> None:
+    """A server that returns no token ids (the OpenAI API, most servers) reports its tokens in
+    `usage`: those count, so the budget stops the campaign at any concurrency, at most one
+    batch past it, and says what was spent."""
+    tokens = 10  # each completion's, as the server reports it
+    answer = usage_server(tokens)
     said: list[str] = []
     budget = 100
     with chat_server(answer) as url, Store.open(tmp_path / "c.db") as store:
@@ -185,18 +197,7 @@ def test_the_call_budget_is_iterations_one_request_each_at_any_concurrency(
     (`n` = G), so a server sees exactly as many requests as iterations, with any number in
     flight, and a resume with a larger budget asks only for the new ones."""
     requests: list[int] = []
-
-    def answer(body: dict[str, object]) -> dict[str, object]:
-        n = int(body.get("n", 1))  # type: ignore[call-overload]
-        requests.append(n)
-        text = "<candidate_1>\n```python\ndef construct_packing(n):\n    return []\n```\n"
-        choices = [
-            {"index": i, "message": {"role": "assistant", "content": f"{text}{len(requests)} {i}"},
-             "finish_reason": "stop"}
-            for i in range(n)
-        ]  # fmt: skip
-        return {"choices": choices, "usage": {"prompt_tokens": 50, "completion_tokens": 10 * n}}
-
+    answer = usage_server(10, requests)
     with chat_server(answer) as url, Store.open(tmp_path / "c.db") as store:
         config = build({
             "backend": "openai", "base_url": url, "api_key_env": "", "model": "m",
