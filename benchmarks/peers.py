@@ -355,8 +355,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             if args.serve:
                 server, args.base_url = serve(args.model, folder / "vllm-serve.log")
-            for problem in args.problems:
-                for seed in args.seeds:
+            # seed by seed, so that a session cut short leaves whole seeds of every problem
+            for seed in args.seeds:
+                for problem in args.problems:
                     for harness in args.harnesses:
                         runs.append(one(harness, problem, seed, args, folder))
         finally:
