@@ -300,6 +300,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.problems = [problem_name(p, parser) for p in args.problems.split(",") if p.strip()]
     if args.resume and args.keep is None:
         parser.error("--resume goes on with the runs kept in --keep DIR; give it")
+    if args.keep is not None:  # the harnesses run in folders of their own: no relative path
+        args.keep = args.keep.resolve()
     if args.report_from is None and not args.install:
         if args.serve == bool(args.base_url):
             parser.error("give the model's endpoint with --base-url URL, or --serve to start one")

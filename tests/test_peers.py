@@ -239,11 +239,11 @@ def test_each_harness_runs_to_the_budget_through_the_proxy(harness: str, tmp_pat
     model = ScriptedModel()
     out, picture, kept = tmp_path / "peers.md", tmp_path / "peers.png", tmp_path / "runs"
     with chat_server(model) as url:
-        done = subprocess.run(
+        done = subprocess.run(  # --keep relative, as typed in the documented command
             [sys.executable, str(SCRIPT), "--harnesses", harness, "--problems", "oscillator1",
              "--seeds", "0", "--token-budget", str(budget), "--base-url", url, "--model", "m",
-             "--max-tokens", "300", "--keep", str(kept), "--out", str(out), "--plot", str(picture)],
-            capture_output=True, text=True, timeout=840,
+             "--max-tokens", "300", "--keep", "runs", "--out", str(out), "--plot", str(picture)],
+            capture_output=True, text=True, timeout=840, cwd=tmp_path,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     folder = kept / f"equation_discovery-oscillator1-{harness}-seed0"
