@@ -153,17 +153,11 @@ class RunResult:
     def save(self, path: Path) -> None:
         """Everything the report needs from this run, as JSON: a few kB that can be committed,
         so that seeds run in different sessions make one report (`--report-from`)."""
-        fields = dict(vars(self))
-        fields["program_tokens"] = self.program_tokens.tolist()
-        fields["program_scores"] = self.program_scores.tolist()
-        path.write_text(json.dumps(fields, indent=1) + "\n")
+        save_summary(self, path)
 
     @classmethod
     def load(cls, path: Path) -> RunResult:
-        fields = json.loads(path.read_text())
-        fields["program_tokens"] = np.array(fields["program_tokens"], dtype=np.int64)
-        scores = np.array(fields["program_scores"], dtype=np.float64)
-        fields["program_scores"] = scores.reshape(len(scores), len(fields["objectives"]))
+        fields = summary_fields(path)
         if fields.get("probe") is not None:  # JSON keys are strings; the steps are ints
             fields["probe"] = {int(step): row for step, row in fields["probe"].items()}
         return cls(**fields)
@@ -171,6 +165,25 @@ class RunResult:
     @property
     def trained_share(self) -> float:
         return self.trained_rollouts / self.rollouts if self.rollouts else float("nan")
+
+
+def save_summary(run: object, path: Path) -> None:
+    """A run's fields as JSON, its programs' tokens and score vectors as lists (this benchmark's
+    runs and peers.py's)."""
+    fields = dict(vars(run))
+    fields["program_tokens"] = fields["program_tokens"].tolist()
+    fields["program_scores"] = fields["program_scores"].tolist()
+    path.write_text(json.dumps(fields, indent=1) + "\n")
+
+
+def summary_fields(path: Path) -> dict:
+    """What `save_summary` wrote, the programs' tokens and scores as arrays again (an empty run's
+    scores keep their shape: no rows, one column an objective)."""
+    fields = json.loads(path.read_text())
+    fields["program_tokens"] = np.array(fields["program_tokens"], dtype=np.int64)
+    scores = np.array(fields["program_scores"], dtype=np.float64)
+    fields["program_scores"] = scores.reshape(len(scores), len(fields["objectives"]))
+    return fields
 
 
 def database(folder: Path, arm: str, seed: int) -> Path:

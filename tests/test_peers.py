@@ -159,6 +159,24 @@ def test_a_peers_programs_sit_on_the_tokens_axis_where_their_evaluation_started(
     assert valid == 1  # the seed's evaluation is no proposal
 
 
+@pytest.mark.parametrize("valid", [2, 0])
+def test_a_kept_run_gives_back_the_run_it_was_written_from(valid: int, tmp_path: Path) -> None:
+    """--resume and --report-from read run.json instead of running again: the same arrays,
+    with their shape kept for a run that proposed no valid program."""
+    scores = np.array([[0.1, 0.0, 0.0], [0.3, 0.2, 0.5]])[:valid]
+    run = PeerRun(
+        "shinka", "equation_discovery:oscillator1", 2, ["fit_id", "fit_ood", "simplicity"],
+        8000, np.array([0, 4100], dtype=np.int64)[:valid], scores, 9, valid, 8120, 9, 1, 401.5,
+        "def equation(x, v, params): ...", {"fit_id": 0.3}, "ok",
+    )  # fmt: skip
+    run.save(tmp_path / "run.json")
+    back = PeerRun.load(tmp_path / "run.json")
+    assert back.program_tokens.dtype == np.int64 and back.program_scores.shape == (valid, 3)
+    np.testing.assert_array_equal(back.program_scores, scores)
+    assert (back.tokens, back.refused, back.rescored, back.cut) == (8120, 1, {"fit_id": 0.3}, True)
+    assert np.isnan(back.best()).all() if valid == 0 else back.best().tolist() == [0.3, 0.2, 0.5]
+
+
 def test_the_seed_is_marked_around_the_evolved_function() -> None:
     from problems.registry import load
 

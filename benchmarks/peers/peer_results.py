@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from discovery import best_so_far, hypervolume_so_far, read_run, spread
+from discovery import (
+    best_so_far,
+    hypervolume_so_far,
+    read_run,
+    save_summary,
+    spread,
+    summary_fields,
+)
 from peer_proxy import Ledger, read_calls
 
 from trainer.measures import hypervolume
@@ -72,18 +79,11 @@ class PeerRun:
         return hypervolume(self.within()[1][:, live])
 
     def save(self, path: Path) -> None:
-        fields = dict(vars(self))
-        fields["program_tokens"] = self.program_tokens.tolist()
-        fields["program_scores"] = self.program_scores.tolist()
-        path.write_text(json.dumps(fields, indent=1) + "\n")
+        save_summary(self, path)
 
     @classmethod
     def load(cls, path: Path) -> PeerRun:
-        fields = json.loads(path.read_text())
-        fields["program_tokens"] = np.array(fields["program_tokens"], dtype=np.int64)
-        scores = np.array(fields["program_scores"], dtype=np.float64)
-        fields["program_scores"] = scores.reshape(len(scores), len(fields["objectives"]))
-        return cls(**fields)
+        return cls(**summary_fields(path))
 
 
 def read_scores(log: Path) -> list[dict[str, Any]]:
