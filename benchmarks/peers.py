@@ -1,6 +1,6 @@
 """OpenEvolve and ShinkaEvolve beside vpo-evolve, on the same problem, model and token budget.
 
-    python benchmarks/peers.py [--harnesses openevolve,shinka,vpo,vpo-train]
+    python benchmarks/peers.py [--harnesses openevolve,openevolve-full,shinka,vpo,vpo-train]
         [--problems oscillator1,bactgrow] [--seeds 0,1,2] [--token-budget 8000]
         (--base-url URL --model NAME | --serve [--model qwen-coder])
         [--temperature 0.8] [--top-p 0.95] [--max-tokens 1024] [--keep DIR [--resume]]
@@ -10,6 +10,8 @@
 Harnesses, each a process of its own on each (problem, seed), one after another:
 
     openevolve  OpenEvolve 0.4.0, its LLM-SR example's configuration (benchmarks/peers/)
+    openevolve-full  the same with whole programs for answers instead of SEARCH/REPLACE diffs
+                (OpenEvolve's `diff_based_evolution: false`)
     shinka      ShinkaEvolve 0.0.7, its shinka_small.yaml
     vpo         `vpo run` with examples/demo.toml, no training
     vpo-train   the same with VPO in the loop (a LoRA step after every 2 groups)
@@ -71,7 +73,7 @@ from peer_results import PeerRun, peer_run, plot, report, scoring_open  # noqa: 
 from reporting import publish  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-HARNESSES = ("openevolve", "shinka", "vpo", "vpo-train")
+HARNESSES = ("openevolve", "openevolve-full", "shinka", "vpo", "vpo-train")
 QUIET_S = 3.0  # after the cut: no request, no evaluation started or ended, for this long
 CUT_GRACE_S = 300.0  # after the cut, the longest wait for the work in flight
 STOP_GRACE_S = 60.0  # for a harness to exit once asked (OpenEvolve saves its best then)
@@ -92,10 +94,14 @@ def harness_launch(
 
     task = load(problem)
     seed_code = marked_seed(task.seed_program, task.entry)
-    start = openevolve_launch if harness == "openevolve" else shinka_launch
-    return start(
+    if harness == "shinka":
+        return shinka_launch(
+            args.pythons[harness], task.description, seed_code, problem, seed, url,
+            args.model, args.sampling, folder,
+        )  # fmt: skip
+    return openevolve_launch(
         args.pythons[harness], task.description, seed_code, problem, seed, url,
-        args.model, args.sampling, folder,
+        args.model, args.sampling, folder, diffs=harness == "openevolve",
     )  # fmt: skip
 
 
@@ -124,7 +130,8 @@ def run_one(
             f"{harness} seed {seed} on {problem} failed (exit {process.returncode}): "
             f"{tail(folder / 'harness.log')} (all of it: {folder / 'harness.log'})"
         )
-    best = {"openevolve": openevolve_best, "shinka": shinka_best}.get(harness, vpo_best)(folder)
+    bests = {"openevolve": openevolve_best, "openevolve-full": openevolve_best}
+    best = (bests | {"shinka": shinka_best}).get(harness, vpo_best)(folder)
     return peer_run(harness, problem, seed, folder, args.token_budget, ledger, wall, best)
 
 

@@ -56,8 +56,8 @@ FORMS = (
 
 class ScriptedModel:
     """An OpenAI-compatible answer in the format each harness asks for: vpo's <candidate_i>
-    tags, Shinka's <CODE> rewrites, else a SEARCH/REPLACE edit of the `equation` line (OpenEvolve
-    and Shinka's diffs). It records every request body it was sent."""
+    tags, OpenEvolve's and Shinka's whole programs, else a SEARCH/REPLACE edit of the `equation`
+    line (OpenEvolve's and Shinka's diffs). It records every request body it was sent."""
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -96,11 +96,15 @@ class ScriptedModel:
                 f"<candidate_{i}>\n{self.expression(inputs)}\n</candidate_{i}>\n"
                 for i in range(1, m + 1)
             )
+        program = (  # a whole program, for the harnesses that ask for one
+            "import numpy as np\n\n\n# EVOLVE-BLOCK-START\n{header}\n"
+            "    return {expression}\n# EVOLVE-BLOCK-END\n"
+        )
+        if "Provide the complete new program code" in text:  # OpenEvolve without diffs
+            program = program.format(header=header, expression=self.expression(inputs))
+            return f"A rewrite.\n```python\n{program}```\n"
         if "<CODE>" in text:
-            program = (
-                f"import numpy as np\n\n\n# EVOLVE-BLOCK-START\n{header}\n"
-                f"    return {self.expression(inputs)}\n# EVOLVE-BLOCK-END\n"
-            )
+            program = program.format(header=header, expression=self.expression(inputs))
             return f"<NAME>\nscripted\n</NAME>\n<DESCRIPTION>\nA rewrite.\n</DESCRIPTION>\n" \
                    f"<CODE>\n```python\n{program}```\n</CODE>\n"  # fmt: skip
         return (
@@ -250,7 +254,7 @@ def installed(harness: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("harness", ["openevolve", "shinka", "vpo"])
+@pytest.mark.parametrize("harness", ["openevolve", "openevolve-full", "shinka", "vpo"])
 def test_each_harness_runs_to_the_budget_through_the_proxy(harness: str, tmp_path: Path) -> None:
     installed(harness)
     budget = 5 * TOKENS_PER_ANSWER
@@ -275,6 +279,9 @@ def test_each_harness_runs_to_the_budget_through_the_proxy(harness: str, tmp_pat
     for body in model.bodies:
         assert (body["temperature"], body["top_p"], body["max_tokens"]) == (0.8, 0.95, 300)
         assert "seed" not in body
+    whole = ["Provide the complete new program code" in str(b["messages"]) for b in model.bodies]
+    if harness.startswith("openevolve"):  # diffs in the example's setting, programs without
+        assert all(whole) if harness == "openevolve-full" else not any(whole)
     if harness == "vpo":  # vpo stops itself at its own --token-budget, the proxy's count
         assert run.refused == 0 and "token budget spent" in (folder / "harness.log").read_text()
     else:

@@ -9,7 +9,9 @@ to the model through the run's proxy (peer_proxy.py) and is scored by the projec
   islands, elite ratio 0.3, exploitation 0.6, 4 top programs in the prompt, template
   stochasticity, diff-based evolution, no cascade, 4 parallel evaluations, evaluator timeout
   90 s), one model instead of its two (there is one), and a 1,200 s request timeout instead of
-  60 s: a 0.5B model on a 2-core CPU may take minutes for one answer.
+  60 s: a 0.5B model on a 2-core CPU may take minutes for one answer. `openevolve-full` is
+  the same with `diff_based_evolution: false` (each answer a whole program), OpenEvolve's
+  documented alternative: the 0.5B model wrote no SEARCH/REPLACE diff OpenEvolve could apply.
 - ShinkaEvolve 0.0.7: its Python API (peer_shinka_main.py) with examples/circle_packing's
   shinka_small.yaml (2 islands, archive 40, patch types diff/full/cross at 0.6/0.3/0.1, weighted
   parent selection, UCB1 model selection, 5 evaluation and 5 proposal jobs, which Shinka caps to
@@ -65,6 +67,7 @@ PEERS = {
     "openevolve": Peer("openevolve", "openevolve", "0.4.0", TMP / "vpo-openevolve-venv"),
     "shinka": Peer("shinka", "shinka-evolve", "0.0.7", TMP / "vpo-shinka-venv"),
 }
+PEERS["openevolve-full"] = PEERS["openevolve"]  # one installation, another setting
 
 
 class PeerInstallError(Exception):
@@ -134,8 +137,10 @@ class Launch:
 
 def openevolve_launch(
     python: Path, description: str, seed_code: str, problem: str, seed: int, url: str,
-    model: str, sampling: Sampling, folder: Path,
+    model: str, sampling: Sampling, folder: Path, diffs: bool = True,
 ) -> Launch:  # fmt: skip
+    """`diffs`: answers are SEARCH/REPLACE diffs of the parent (the example's setting), else
+    whole programs."""
     initial = folder / "initial_program.py"
     initial.write_text(seed_code)
     settings = {
@@ -175,7 +180,7 @@ def openevolve_launch(
             "parallel_evaluations": 4,
             "use_llm_feedback": False,
         },  # fmt: skip
-        "diff_based_evolution": True,
+        "diff_based_evolution": diffs,
     }
     config = folder / "config.yaml"
     config.write_text(json.dumps(settings, indent=1))  # JSON is YAML to OpenEvolve's loader

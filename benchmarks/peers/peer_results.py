@@ -31,6 +31,7 @@ from trainer.measures import hypervolume
 GRID_POINTS = 101
 TITLES = {
     "openevolve": "OpenEvolve 0.4.0",
+    "openevolve-full": "OpenEvolve 0.4.0, whole programs",
     "shinka": "ShinkaEvolve 0.0.7",
     "vpo": "vpo-evolve, no training",
     "vpo-train": "vpo-evolve, VPO in the loop",
