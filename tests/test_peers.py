@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -141,6 +142,9 @@ def test_the_proxy_evens_out_sampling_counts_tokens_and_cuts_at_the_budget(tmp_p
     calls = read_calls(tmp_path / "calls.jsonl")
     assert [c["spent"] for c in calls] == [50, 100] and all(c["status"] == 200 for c in calls)
     assert all(c["start"] <= c["end"] for c in calls)
+    exchanges = [json.loads(line) for line in (tmp_path / "exchanges.jsonl").open()]
+    assert [e["messages"] for e in exchanges] == [asked["messages"]] * 2
+    assert all(len(e["answers"]) == 1 and e["answers"][0] for e in exchanges)
 
 
 def test_a_peers_programs_sit_on_the_tokens_axis_where_their_evaluation_started() -> None:

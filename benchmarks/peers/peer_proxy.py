@@ -13,7 +13,9 @@ them are counted alike, sample alike and stop at the same budget:
   run overshoots by at most what it had in flight. 400 rather than 429: a client retries a 429;
 - every other path (/v1/models, /tokenize, vLLM's LoRA loading routes) is forwarded as it is;
 - each chat request is one line of a JSONL log: when it started and ended, its HTTP status,
-  its prompt and completion tokens, and the spend after it (`read_calls` reads it back).
+  its prompt and completion tokens, and the spend after it (`read_calls` reads it back); each
+  answered one is also a line of `exchanges.jsonl` beside it, the messages as sent and the
+  model's answers, to read what a harness asked for and what the model wrote.
 
     ledger = Ledger(budget=8000, log=Path("calls.jsonl"))
     with proxy("http://127.0.0.1:8000/v1", ledger, Sampling(0.8, 0.95, 1024)) as url:
@@ -81,8 +83,11 @@ class Ledger:
             self.last_change = time.time()
             return True
 
-    def settle(self, started: float, status: int, reply: dict[str, Any] | None) -> None:
-        """Book a finished request: its tokens when the model answered, one log line."""
+    def settle(
+        self, started: float, status: int, reply: dict[str, Any] | None, sent: dict[str, Any]
+    ) -> None:
+        """Book a finished request: its tokens when the model answered, one log line, and the
+        exchange (what was `sent`, what came back) where the model answered."""
         prompt, completion, estimated = usage_of(reply) if status == 200 else (0, 0, False)
         with self._lock:
             self.in_flight -= 1
@@ -103,6 +108,11 @@ class Ledger:
             }
             with self.log.open("a") as out:
                 out.write(json.dumps(line) + "\n")
+            if status == 200:
+                exchange = {"end": line["end"], "messages": sent.get("messages"),
+                            "answers": answers_of(reply)}  # fmt: skip
+                with self.log.with_name("exchanges.jsonl").open("a") as out:
+                    out.write(json.dumps(exchange) + "\n")
 
     def refusal(self) -> dict[str, Any]:
         message = (
@@ -118,12 +128,16 @@ def usage_of(reply: dict[str, Any] | None) -> tuple[int, int, bool]:
     if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
         prompt = usage.get("prompt_tokens")
         return (prompt if isinstance(prompt, int) else 0), usage["completion_tokens"], False
-    texts = [
+    texts = answers_of(reply)
+    return 0, sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts), True
+
+
+def answers_of(reply: dict[str, Any] | None) -> list[str]:
+    return [
         str((choice.get("message") or {}).get("content") or "")
         for choice in (reply or {}).get("choices") or []
         if isinstance(choice, dict)
     ]
-    return 0, sum(len(text) // CHARS_PER_TOKEN + 1 for text in texts), True
 
 
 def upstream_root(base_url: str) -> str:
@@ -169,15 +183,15 @@ def proxy(
             if not ledger.admit():
                 self._send(400, ledger.refusal())
                 return
-            started, status, reply = time.time(), 502, None
+            started, status, reply, sent = time.time(), 502, None, sampling.apply(body)
             try:
-                status, raw = self._upstream("POST", json.dumps(sampling.apply(body)).encode())
+                status, raw = self._upstream("POST", json.dumps(sent).encode())
                 reply = json.loads(raw) if status == 200 else None
                 self._send_raw(status, raw)
             except (httpx.HTTPError, ValueError) as error:
                 self._send(502, {"error": {"message": f"the model's server: {error}"}})
             finally:
-                ledger.settle(started, status, reply)
+                ledger.settle(started, status, reply, sent)
 
         def _forward(self, method: str, data: bytes | None) -> None:
             try:
