@@ -339,10 +339,14 @@ def problem_name(given: str, parser: argparse.ArgumentParser) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.report_from:
-        runs = [PeerRun.load(path) for path in sorted(args.report_from.glob("*/run.json"))]
+        runs = [PeerRun.load(path) for path in args.report_from.glob("*/run.json")]
         if not runs:
             raise SystemExit(f"no run.json under {args.report_from}: was it kept by --keep?")
+        order = {name: rank for rank, name in enumerate(HARNESSES)}
+        runs.sort(key=lambda r: (r.problem, order.get(r.harness, len(order)), r.seed))
         args.serve, args.base_url = False, "(kept runs)"
+        args.seeds = sorted({r.seed for r in runs})  # what was run, not what was typed
+        args.token_budget = max(r.budget for r in runs)
         plot(runs, args.plot, f"best against tokens, {runs[0].budget} tokens a run")
         publish(args.out, report(runs, header(args, sum(r.wall_s for r in runs))))
         return

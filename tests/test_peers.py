@@ -43,6 +43,7 @@ from peer_proxy import Ledger, Sampling, proxy, read_calls  # noqa: E402
 from peer_results import PeerRun, peer_programs, read_scores  # noqa: E402
 
 TOKENS_PER_ANSWER = 50
+OBJECTIVES = ["fit_id", "fit_ood", "simplicity"]
 SAMPLING = Sampling(temperature=0.8, top_p=0.95, max_tokens=300)
 
 # What the scripted model writes, in turn; the last fails in the sandbox (a NameError), so
@@ -183,6 +184,33 @@ def test_a_kept_run_gives_back_the_run_it_was_written_from(valid: int, tmp_path:
     np.testing.assert_array_equal(back.program_scores, scores)
     assert (back.tokens, back.refused, back.rescored, back.cut) == (8120, 1, {"fit_id": 0.3}, True)
     assert np.isnan(back.best()).all() if valid == 0 else back.best().tolist() == [0.3, 0.2, 0.5]
+
+
+def test_a_report_from_kept_runs_says_which_seeds_each_harness_ran(tmp_path: Path) -> None:
+    """Runs kept over several sessions, some harnesses on fewer seeds: the table goes in the
+    harnesses' order (not the folders'), counts each harness's seeds, and the header names the
+    seeds and budget that were run, not the command line's defaults."""
+    for harness, seeds in (("openevolve-full", (0, 1)), ("openevolve", (0,)), ("vpo", (1, 0))):
+        for seed in seeds:
+            scores = np.array([[0.1 + seed, 0.0, 0.0]])
+            folder = tmp_path / "runs" / f"{harness}-seed{seed}"
+            folder.mkdir(parents=True)
+            PeerRun(
+                harness, "equation_discovery:oscillator1", seed, OBJECTIVES, 6000,
+                np.array([0], dtype=np.int64), scores, 4, 1, 6100, 4, 1, 60.0, None, None, None,
+            ).save(folder / "run.json")  # fmt: skip
+    out = tmp_path / "peers.md"
+    peers.main(["--report-from", str(tmp_path / "runs"), "--out", str(out),
+                "--plot", str(tmp_path / "peers.png")])  # fmt: skip
+    table = out.read_text()
+    assert "budget: 6000 completion tokens per run; seeds 0, 1" in table
+    rows = [line for line in table.splitlines() if line.startswith("| OpenEvolve") or
+            line.startswith("| vpo-evolve")]  # fmt: skip
+    assert [row.split(" | ")[:2] for row in rows] == [
+        ["| OpenEvolve 0.4.0", "1"], ["| OpenEvolve 0.4.0, whole programs", "2"],
+        ["| vpo-evolve, no training", "2"],
+    ]  # fmt: skip
+    assert " | 0.600 [0.100, 1.100] | " in rows[2]  # the mean over its two seeds
 
 
 def test_the_seed_is_marked_around_the_evolved_function() -> None:

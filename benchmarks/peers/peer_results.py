@@ -159,9 +159,10 @@ def problem_tables(problem: str, runs: list[PeerRun]) -> list[str]:
     lines = [
         f"## {problem}",
         "",
-        "| harness | " + " | ".join(f"best {name}" for name in objectives) + f" | {volume} | "
-        "valid proposals | tokens | model calls | wall s |",
-        "|---|" + "---:|" * (len(objectives) + 5),
+        "| harness | seeds | "
+        + " | ".join(f"best {name}" for name in objectives)
+        + f" | {volume} | valid proposals | tokens | model calls | wall s |",
+        "|---|" + "---:|" * (len(objectives) + 6),
     ]
     harnesses = list(dict.fromkeys(r.harness for r in runs))
     for harness in harnesses:
@@ -174,7 +175,7 @@ def problem_tables(problem: str, runs: list[PeerRun]) -> list[str]:
             spread([r.calls for r in mine], 0),
             spread([r.wall_s for r in mine], 0),
         ]
-        lines.append(f"| {TITLES[harness]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {TITLES[harness]} | {len(mine)} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "| harness | seed | tokens | calls | refused | proposals | valid | wall s | "
