@@ -249,6 +249,7 @@ def test_vpo_runs_demo_settings_at_the_shared_sampling_and_trains_only_in_vpo_tr
             "300",
         )
     assert untrained[-2:] == ["--train-every", "0"] and "--train-every" not in trained
+    assert trained[-2:] == ["--gradient-checkpointing", "on"]  # long answers fit beside a server
 
 
 @pytest.mark.parametrize(
