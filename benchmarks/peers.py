@@ -130,8 +130,8 @@ def run_one(
             f"{harness} seed {seed} on {problem} failed (exit {process.returncode}): "
             f"{tail(folder / 'harness.log')} (all of it: {folder / 'harness.log'})"
         )
-    bests = {"openevolve": openevolve_best, "openevolve-full": openevolve_best}
-    best = (bests | {"shinka": shinka_best}).get(harness, vpo_best)(folder)
+    find = shinka_best if harness == "shinka" else vpo_best
+    best = (openevolve_best if harness.startswith("openevolve") else find)(folder)
     return peer_run(harness, problem, seed, folder, args.token_budget, ledger, wall, best)
 
 
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         args.serve, args.base_url = False, "(kept runs)"
         args.seeds = sorted({r.seed for r in runs})  # what was run, not what was typed
         args.token_budget = max(r.budget for r in runs)
-        plot(runs, args.plot, f"best against tokens, {runs[0].budget} tokens a run")
+        plot(runs, args.plot, f"best against tokens, {args.token_budget} tokens a run")
         publish(args.out, report(runs, header(args, sum(r.wall_s for r in runs))))
         return
     args.pythons = {}
