@@ -38,11 +38,14 @@ class Passes:
         self.pad = policy.tokenizer.pad_token_id or 0
         self.sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0, "clipped": 0.0, "ratio": 0.0}
         self.gap, self.gap_tokens, self.mismatched = 0.0, 0, 0
+        self.checkpointed = 0  # passes that recomputed their activations in the backward pass
 
     def run(self, packs: Sequence[Sequence[int]], *, last: bool) -> None:
         policy, config, parallel = self.policy, self.config, self.policy.parallel
         chosen = [i for pack in packs for i in pack]
         batch = pass_batch(self.rows, packs, self.pad, policy.device)
+        if chosen and policy.checkpoint_pass(batch, config.logit_chunk):
+            self.checkpointed += 1
         # The wrapper reduces the gradients after the last pass only.
         with parallel.gradient_sync(policy.scorer, last), policy.autocast():
             logprobs, log_mass = token_logprobs(

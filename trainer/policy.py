@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.activations import PROBE_CHUNK, SHARE, ActivationCost, free_memory
 from trainer.distributed import ALONE, Parallel, decoder_layers
-from trainer.logprobs import TokenLogprobs
+from trainer.logprobs import TokenLogprobs, token_batch, token_logprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ GRADIENT_CHECKPOINTING = ("auto", "on", "off")
 # "auto" turns activation checkpointing on from this many parameters: below it weights and
 # optimiser state leave a GPU room for the activations, and recomputing them costs 23-25% more
 # time per step (measured on a 276M Llama: benchmarks/results/train_memory_sharded.md; the
-# arithmetic for 8B models in docs/training.md).
+# arithmetic for 8B models in docs/training.md). Below it, one process turns it on for each pass
+# whose activations would not fit (trainer/activations.py).
 CHECKPOINTING_FROM = 1_000_000_000
 # Every linear layer of a Llama-style block; peft's "all-linear" picks the same on most models.
 LORA_TARGETS = "all-linear"
@@ -70,7 +72,8 @@ class PolicyConfig:
     lora_dropout: float = 0.0
     reference: bool = True  # keep a frozen reference for the KL term
     # Recompute each decoder layer's activations in the backward pass instead of keeping them:
-    # "auto" from CHECKPOINTING_FROM parameters.
+    # "auto" from CHECKPOINTING_FROM parameters, and below that (one process) for each pass
+    # whose activations would take more than half the memory free (trainer/activations.py).
     gradient_checkpointing: str = "auto"
     device: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -118,9 +121,19 @@ class Policy:
             config.gradient_checkpointing == "auto" and self.parameter_count >= CHECKPOINTING_FROM
         )
         if self.checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            _recompute(model, True)
+        # "auto" below CHECKPOINTING_FROM decides pass by pass, on one process only (under DDP or
+        # FSDP every process must recompute alike, or their collectives would not pair up).
+        self.auto_checkpointing = (
+            config.gradient_checkpointing == "auto"
+            and not self.checkpointing
+            and not parallel.active
+        )
+        self.activation_cost: ActivationCost | None = None  # measured at the first pass
+        self.memory_free = free_memory  # bytes free on a device, read before each "auto" pass
+        # The last pass "auto" recomputed: its activations' estimated bytes, and the bytes free.
+        self.recomputed_memory: tuple[float, int] | None = None
+        self._recomputing = self.checkpointing
         sharded = parallel.sharding == "fsdp"
         # The per-token log-probs as one module, owned by the data-parallel wrapper (FSDP2 or
         # DDP), which reduces the gradients.
@@ -260,6 +273,40 @@ class Policy:
     def has_reference(self) -> bool:
         return self.config.reference and (self.config.lora or self._reference is not None)
 
+    def checkpoint_pass(self, batch: dict[str, torch.Tensor], logit_chunk: int) -> bool:
+        """Whether the training pass over `batch` recomputes its activations in the backward
+        pass; under "auto" (one process, below CHECKPOINTING_FROM parameters) turned on for
+        this pass when its activations would take more than SHARE of the memory free."""
+        if not self.auto_checkpointing:
+            return self.checkpointing
+        free = self.memory_free(self.device)
+        if free is None:
+            return False
+        if self.activation_cost is None:
+            self.activation_cost = self._measure_activations()
+        rows, width = batch["input_ids"].shape
+        positions = batch["completion_ids"].numel()
+        estimate = self.activation_cost.bytes(rows, width, positions, logit_chunk)
+        recompute = estimate > SHARE * free
+        if recompute:
+            self.recomputed_memory = (estimate, free)
+        if recompute != self._recomputing:
+            _recompute(self.model, recompute)
+            self._recomputing = recompute
+        return recompute
+
+    def _measure_activations(self) -> ActivationCost:
+        """What this model's training passes keep for the backward pass (activations.py)."""
+        token = self.tokenizer.eos_token_id or 0
+
+        def forward(width: int) -> None:
+            batch = token_batch([([token], [token] * (width - 1), None)], token, self.device)
+            with torch.enable_grad(), self.autocast():
+                token_logprobs(self.scorer, batch, 1.0, 1.0, PROBE_CHUNK)
+
+        vocabulary = self.model.get_output_embeddings().weight.shape[0]
+        return ActivationCost.measure(forward, self.model.parameters(), vocabulary)
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
 
@@ -395,6 +442,14 @@ class Policy:
             optim_state_dict=state.get("optimizer", {}),
             options=_trained_only(strict=False),  # the frozen base came from the folder
         )
+
+
+def _recompute(model: Any, on: bool) -> None:
+    """Turn activation checkpointing of `model`'s decoder layers on or off."""
+    if on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def _trained_only(strict: bool = True) -> Any:

@@ -180,6 +180,10 @@ class StepMetrics:
     # step's pass had the same prompt, `shared_prompt` is off, or the model's attention
     # implementation takes no block mask (PACKABLE).
     unshared: int = 0
+    # Passes (micro-batches) that recomputed their activations in the backward pass instead of
+    # keeping them: every pass with gradient_checkpointing "on" (or "auto" from 1B parameters),
+    # and under "auto" below that each pass whose activations would not have fit.
+    checkpointed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -303,6 +307,8 @@ def train_step(
         ran.run(plan[index] if index < len(plan) else [], last=index == passes - 1)
     if ran.mismatched:
         _warn_mismatch(ran.mismatched, ran.gap / max(ran.gap_tokens, 1), config)
+    if ran.checkpointed and policy.auto_checkpointing:
+        _say_checkpointing(policy, ran.checkpointed, len(plan))
     grad_norm, not_finite = _optimiser_step(policy, passes)
     skipped = skipped or not_finite
     if skipped is None:
@@ -337,6 +343,7 @@ def train_step(
         skipped=skipped,
         mismatched=ran.mismatched,
         unshared=unshared,
+        checkpointed=ran.checkpointed,
     )
 
 
@@ -394,6 +401,22 @@ def _optimiser_step(policy: Policy, passes: int) -> tuple[float, str | None]:
 
 
 _mismatch_said = False
+_checkpointing_said = False
+
+
+def _say_checkpointing(policy: Policy, passes: int, of: int) -> None:
+    """Say once per process that "auto" turned activation checkpointing on, and why."""
+    global _checkpointing_said
+    if _checkpointing_said or policy.recomputed_memory is None:
+        return
+    _checkpointing_said = True
+    estimate, free = policy.recomputed_memory
+    log.info(
+        f"activation checkpointing on for {passes} of {of} passes: a pass would keep about "
+        f"{estimate / 2**30:.3g} GiB of activations with {free / 2**30:.3g} GiB free, so its "
+        "decoder layers recompute them in the backward pass instead (gradient_checkpointing "
+        "auto; `checkpointed` in each step's metrics counts such passes; said once)"
+    )
 
 
 def _warn_mismatch(rollouts: int, fresh_gap: float, config: TrainConfig) -> None:

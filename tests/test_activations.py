@@ -1,0 +1,121 @@
+"""Activation checkpointing "auto": what a pass keeps for its backward pass is measured, and a
+pass that would not fit recomputes its activations instead (trainer/activations.py)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.activations import PROBE_CHUNK, free_memory, saved_bytes
+from trainer.logprobs import token_batch, token_logprobs
+from trainer.policy import Policy, PolicyConfig
+from trainer.train import TrainConfig, train_step
+
+
+def test_saved_bytes_counts_what_autograd_keeps_and_leaves_the_weights_out() -> None:
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.nn.Parameter(torch.randn(32, 16))
+    # x @ w keeps x (for w's gradient) and w (for x's); tanh keeps its output (64 x 16 floats).
+    assert saved_bytes(lambda: torch.tanh(x @ w)) == (64 * 32 + 32 * 16 + 64 * 16) * 4
+    skip = {w.untyped_storage().data_ptr()}
+    assert saved_bytes(lambda: torch.tanh(x @ w), skip) == (64 * 32 + 64 * 16) * 4
+    with torch.no_grad():
+        assert saved_bytes(lambda: torch.tanh(x @ w)) == 0
+
+
+def test_free_memory_on_this_machine_is_some_of_its_memory() -> None:
+    total = next(
+        int(line.split()[1]) * 1024
+        for line in Path("/proc/meminfo").read_text().splitlines()
+        if line.startswith("MemTotal:")
+    )
+    free = free_memory(torch.device("cpu"))
+    assert free is not None and 0 < free <= total
+
+
+def pass_bytes(policy: Policy, rows: int, width: int, logit_chunk: int) -> int:
+    """What one real training pass keeps for its backward pass, measured."""
+    prompt = list(range(10, 40))
+    batch = token_batch(
+        [(prompt, [(7 * i + r) % 500 + 5 for i in range(width - 30)], None) for r in range(rows)]
+    )
+    own = {p.untyped_storage().data_ptr() for p in policy.model.parameters()}
+
+    def run() -> None:
+        with torch.enable_grad(), policy.autocast():
+            token_logprobs(policy.scorer, batch, 1.0, 1.0, logit_chunk)
+
+    return saved_bytes(run, own)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_estimate_fitted_on_one_short_row_holds_for_a_real_pass(
+    tiny_model: str, lora: bool
+) -> None:
+    policy = Policy.load(tiny_model, PolicyConfig(lora=lora, lora_rank=4, reference=False))
+    cost = policy._measure_activations()
+    rows, width = 3, 300
+    positions = rows * (width - 30)
+    # Logits in small chunks, recomputed: the decoder's activations alone.
+    decoder = cost.bytes(rows, width, positions, 0)
+    measured = pass_bytes(policy, rows, width, PROBE_CHUNK)
+    assert 0.8 * measured < decoder < 1.25 * measured
+    # Logits in one chunk: kept for the backward pass, and counted in the estimate.
+    whole = pass_bytes(policy, rows, width, positions)
+    assert whole > 2 * measured
+    assert whole <= cost.bytes(rows, width, positions, positions) < 2.5 * whole
+
+
+def step(policy: Policy, groups: list) -> list[torch.Tensor]:
+    metrics = train_step(
+        policy, groups, TrainConfig(micro_batch=2), generator=torch.Generator().manual_seed(3)
+    )
+    return metrics, [p.detach().clone() for p in policy.model.parameters()]
+
+
+def test_auto_recomputes_the_passes_that_would_not_fit_and_learns_the_same(
+    tiny_model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from test_trainer import tiny_groups
+
+    def load(checkpointing: str) -> Policy:
+        torch.manual_seed(0)
+        config = PolicyConfig(lr=1e-2, reference=False, gradient_checkpointing=checkpointing)
+        return Policy.load(tiny_model, config)
+
+    kept = load("auto")
+    groups = tiny_groups(kept, 2)
+    metrics, plain = step(kept, groups)
+    assert metrics.checkpointed == 0 and not kept.model.is_gradient_checkpointing
+
+    short = load("auto")
+    # Memory running out on the machine cannot be caused here: it is read as 1 MiB free.
+    short.memory_free = lambda device: 1 << 20
+    with caplog.at_level(logging.INFO, logger="trainer.train"):
+        metrics, recomputed = step(short, groups)
+    assert metrics.checkpointed == 4  # every pass: eight rollouts, two a pass
+    assert short.model.is_gradient_checkpointing
+    assert "activation checkpointing on for 4 of 4 passes" in caplog.text
+    for a, b in zip(plain, recomputed, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+    # Memory back: the next step keeps its activations again.
+    short.memory_free = free_memory
+    metrics, _ = step(short, groups)
+    assert metrics.checkpointed == 0 and not short.model.is_gradient_checkpointing
+
+
+def test_on_and_off_are_kept_whatever_the_memory(tiny_model: str) -> None:
+    from test_trainer import tiny_groups
+
+    for setting, expected in (("on", 4), ("off", 0)):
+        policy = Policy.load(
+            tiny_model, PolicyConfig(lr=1e-2, reference=False, gradient_checkpointing=setting)
+        )
+        policy.memory_free = lambda device: 1 << 20
+        metrics, _ = step(policy, tiny_groups(policy, 2))
+        assert metrics.checkpointed == expected
+        assert policy.activation_cost is None  # nothing measured where nothing is decided

@@ -1,0 +1,159 @@
+"""What one training pass's saved activations cost in memory, and whether to recompute them.
+
+Activation checkpointing trades 23-25% more time a step (benchmarks/results/
+train_memory_sharded.md) for not keeping each decoder layer's activations until the backward
+pass. Whether that is needed depends on the pass as much as on the model: the 0.5B coder's
+passes of four 1,400-token rollouts kept ~8 GB, and beside `vllm serve` on 24 GB the kernel
+killed the run without a word (benchmarks/peers.py, oscillator1 seed 0), while the demo's
+passes of 200-token answers keep under 1 GB.
+
+So "auto" measures. `ActivationCost.measure` runs the model forward on one dummy row at three
+lengths and counts the bytes of what autograd saves for the backward pass (the parameters
+themselves left out), and fits bytes = fixed + a * width + b * width^2 (the fixed part: the
+weights' bf16 copies under autocast; the square: an attention that keeps its L x L
+probabilities). The probe's logits are computed in small checkpointed chunks, so the fit is
+the decoder's; a pass's logits are added apart: a pass with no more predicted positions than
+`logit_chunk` keeps them (fp32 logits and log-softmax, 8 bytes a position and vocabulary
+entry), a longer one recomputes them chunk by chunk (trainer/logprobs.py) and holds one chunk
+at a time. A pass is checkpointed when its estimate is more than `SHARE` of the memory free
+before it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# A pass recomputes its activations when keeping them would take more than this share of the
+# free memory: the backward pass needs room beside them (the logits of a chunk, the gradients
+# of the activations, the optimiser's temporaries).
+SHARE = 0.5
+# The dummy row's lengths the cost is fitted on: short enough to cost a fraction of a second
+# on a CPU, far enough apart to tell a linear cost from a square one.
+PROBE_WIDTHS = (32, 64, 128)
+# The probe's logit chunk: small, so that its logits are recomputed rather than kept.
+PROBE_CHUNK = 16
+
+
+@dataclass(frozen=True)
+class ActivationCost:
+    """Bytes a pass keeps for its backward pass: its decoder's, fixed + rows * (linear * w +
+    square * w^2) for `rows` rows of width `w`, and its logits'."""
+
+    fixed: float
+    linear: float
+    square: float
+    logit_position: float = 0.0  # bytes of one position's logits and log-softmax
+
+    def bytes(self, rows: int, width: int, positions: int, logit_chunk: int) -> float:
+        """The estimate for a pass of `rows` rows of `width` tokens predicting `positions`
+        completion tokens with logits computed `logit_chunk` positions at a time."""
+        decoder = self.fixed + rows * (self.linear * width + self.square * width * width)
+        return decoder + min(positions, logit_chunk) * self.logit_position
+
+    @classmethod
+    def measure(
+        cls,
+        forward: Callable[[int], Any],
+        parameters: Iterator[torch.Tensor],
+        vocabulary: int,
+    ) -> ActivationCost:
+        """The cost fitted on `forward(width)` (a pass of one row of that width, with grad and
+        logits in PROBE_CHUNK chunks) at PROBE_WIDTHS; the storage of `parameters` is not
+        counted."""
+        own = {p.untyped_storage().data_ptr() for p in parameters}
+        widths = np.array(PROBE_WIDTHS, dtype=float)
+        kept = np.array([saved_bytes(lambda w=int(w): forward(w), own) for w in widths])
+        fixed, linear, square = np.linalg.solve(
+            np.stack([np.ones_like(widths), widths, widths**2], axis=1), kept
+        )
+        return cls(
+            max(float(fixed), 0.0), max(float(linear), 0.0), max(float(square), 0.0), 8 * vocabulary
+        )
+
+
+def saved_bytes(run: Callable[[], Any], skip: set[int] = frozenset()) -> int:
+    """The bytes of the distinct storages autograd saves for the backward pass while `run()`
+    runs (its result is dropped, so they are freed after), those in `skip` left out."""
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        with contextlib.suppress(RuntimeError):  # a tensor without storage (a meta tensor)
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in skip:
+                seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        run()
+    return sum(seen.values())
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes this process can still allocate on `device`: free plus the allocator's cached but
+    unused blocks on a GPU; on a CPU the system's available memory, or what is left under the
+    process's cgroup limit where that is less. None where it cannot be told."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + cached)
+    if device.type != "cpu":
+        return None
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    available = next(
+        (
+            int(line.split()[1]) * 1024
+            for line in meminfo.splitlines()
+            if line.startswith("MemAvailable:")
+        ),
+        None,
+    )
+    left = _cgroup_left()
+    if available is None:
+        return left
+    return available if left is None else min(available, left)
+
+
+def _cgroup_left() -> int | None:
+    """The memory left under this process's cgroup limit (v2 or v1), None without one."""
+    for limit_file, usage_file in (
+        ("memory.max", "memory.current"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    ):
+        folder = _cgroup_folder(limit_file.startswith("memory/"))
+        if folder is None:
+            continue
+        try:
+            limit = (folder / Path(limit_file).name).read_text().strip()
+            usage = int((folder / Path(usage_file).name).read_text())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:  # no limit set
+            return None
+        return max(int(limit) - usage, 0)
+    return None
+
+
+def _cgroup_folder(v1: bool) -> Path | None:
+    """This process's memory cgroup folder under /sys/fs/cgroup (v1's memory controller or
+    v2's unified tree)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if v1 and "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+        if not v1 and controllers == "":
+            return Path("/sys/fs/cgroup") / path.lstrip("/")
+    return None
