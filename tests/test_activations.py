@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer.activations import PROBE_CHUNK, free_memory, saved_bytes
-from trainer.logprobs import token_batch, token_logprobs
+from trainer.logprobs import pack_batch, token_batch, token_logprobs
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import TrainConfig, train_step
 
@@ -36,12 +36,27 @@ def test_free_memory_on_this_machine_is_some_of_its_memory() -> None:
     assert free is not None and 0 < free <= total
 
 
-def pass_bytes(policy: Policy, rows: int, width: int, logit_chunk: int) -> int:
-    """What one real training pass keeps for its backward pass, measured."""
+def real_pass(rows: int, width: int, packed: bool) -> dict[str, torch.Tensor]:
+    """A pass's batch: `rows` rows of `width` tokens, each one rollout (a 30-token prompt and
+    its completion) or, packed, one 30-token prompt and four completions sharing it."""
     prompt = list(range(10, 40))
-    batch = token_batch(
-        [(prompt, [(7 * i + r) % 500 + 5 for i in range(width - 30)], None) for r in range(rows)]
-    )
+
+    def completion(r: int, length: int) -> list[int]:
+        return [(7 * i + r) % 500 + 5 for i in range(length)]
+
+    if packed:
+        share = (width - 30) // 4
+        return pack_batch(
+            [
+                (prompt, [completion(r * 4 + k, share) for k in range(4)], [None] * 4)
+                for r in range(rows)
+            ]
+        )
+    return token_batch([(prompt, completion(r, width - 30), None) for r in range(rows)])
+
+
+def pass_bytes(policy: Policy, batch: dict[str, torch.Tensor], logit_chunk: int) -> int:
+    """What one real training pass keeps for its backward pass, measured."""
     own = {p.untyped_storage().data_ptr() for p in policy.model.parameters()}
 
     def run() -> None:
@@ -51,20 +66,21 @@ def pass_bytes(policy: Policy, rows: int, width: int, logit_chunk: int) -> int:
     return saved_bytes(run, own)
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize(("lora", "packed"), [(False, False), (True, False), (False, True)])
 def test_the_estimate_fitted_on_one_short_row_holds_for_a_real_pass(
-    tiny_model: str, lora: bool
+    tiny_model: str, lora: bool, packed: bool
 ) -> None:
     policy = Policy.load(tiny_model, PolicyConfig(lora=lora, lora_rank=4, reference=False))
-    cost = policy._measure_activations()
-    rows, width = 3, 300
-    positions = rows * (width - 30)
+    cost = policy._measure_activations(packed)
+    batch = real_pass(3, 300, packed)
+    rows, width = batch["input_ids"].shape
+    positions = int(batch["completion_ids"].numel())
     # Logits in small chunks, recomputed: the decoder's activations alone.
     decoder = cost.bytes(rows, width, positions, 0)
-    measured = pass_bytes(policy, rows, width, PROBE_CHUNK)
+    measured = pass_bytes(policy, batch, PROBE_CHUNK)
     assert 0.8 * measured < decoder < 1.25 * measured
     # Logits in one chunk: kept for the backward pass, and counted in the estimate.
-    whole = pass_bytes(policy, rows, width, positions)
+    whole = pass_bytes(policy, batch, positions)
     assert whole > 2 * measured
     assert whole <= cost.bytes(rows, width, positions, positions) < 2.5 * whole
 
@@ -118,4 +134,4 @@ def test_on_and_off_are_kept_whatever_the_memory(tiny_model: str) -> None:
         policy.memory_free = lambda device: 1 << 20
         metrics, _ = step(policy, tiny_groups(policy, 2))
         assert metrics.checkpointed == expected
-        assert policy.activation_cost is None  # nothing measured where nothing is decided
+        assert policy.activation_cost == {}  # nothing measured where nothing is decided

@@ -35,8 +35,9 @@ import torch
 # of the activations, the optimiser's temporaries).
 SHARE = 0.5
 # The dummy row's lengths the cost is fitted on: short enough to cost a fraction of a second
-# on a CPU, far enough apart to tell a linear cost from a square one.
-PROBE_WIDTHS = (32, 64, 128)
+# on a CPU, far enough apart to tell a linear cost from a square one, and long enough to take
+# the path real passes take (a packed row of 32 kept 14x what one of 64 did on the test model).
+PROBE_WIDTHS = (64, 128, 256)
 # The probe's logit chunk: small, so that its logits are recomputed rather than kept.
 PROBE_CHUNK = 16
 

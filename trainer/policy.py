@@ -40,7 +40,7 @@ import torch
 
 from trainer.activations import PROBE_CHUNK, SHARE, ActivationCost, free_memory
 from trainer.distributed import ALONE, Parallel, decoder_layers
-from trainer.logprobs import TokenLogprobs, token_batch, token_logprobs
+from trainer.logprobs import TokenLogprobs, pack_batch, token_batch, token_logprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
 
 if TYPE_CHECKING:
@@ -129,7 +129,8 @@ class Policy:
             and not self.checkpointing
             and not parallel.active
         )
-        self.activation_cost: ActivationCost | None = None  # measured at the first pass
+        # Measured at the first pass of each kind: packed rows (True) or a row a rollout.
+        self.activation_cost: dict[bool, ActivationCost] = {}
         self.memory_free = free_memory  # bytes free on a device, read before each "auto" pass
         # The last pass "auto" recomputed: its activations' estimated bytes, and the bytes free.
         self.recomputed_memory: tuple[float, int] | None = None
@@ -282,11 +283,12 @@ class Policy:
         free = self.memory_free(self.device)
         if free is None:
             return False
-        if self.activation_cost is None:
-            self.activation_cost = self._measure_activations()
+        packed = "segments" in batch
+        if packed not in self.activation_cost:
+            self.activation_cost[packed] = self._measure_activations(packed)
         rows, width = batch["input_ids"].shape
         positions = batch["completion_ids"].numel()
-        estimate = self.activation_cost.bytes(rows, width, positions, logit_chunk)
+        estimate = self.activation_cost[packed].bytes(rows, width, positions, logit_chunk)
         recompute = estimate > SHARE * free
         if recompute:
             self.recomputed_memory = (estimate, free)
@@ -295,12 +297,18 @@ class Policy:
             self._recomputing = recompute
         return recompute
 
-    def _measure_activations(self) -> ActivationCost:
-        """What this model's training passes keep for the backward pass (activations.py)."""
+    def _measure_activations(self, packed: bool) -> ActivationCost:
+        """What this model's training passes keep for the backward pass (activations.py): of
+        rows of one rollout each, or of packed rows (one prompt, several completions), whose
+        attention may keep more."""
         token = self.tokenizer.eos_token_id or 0
 
         def forward(width: int) -> None:
-            batch = token_batch([([token], [token] * (width - 1), None)], token, self.device)
+            if packed:  # a prompt of half the width and two completions of a quarter
+                pack = ([token] * (width // 2), [[token] * (width // 4)] * 2, [None, None])
+                batch = pack_batch([pack], token, self.device)
+            else:
+                batch = token_batch([([token], [token] * (width - 1), None)], token, self.device)
             with torch.enable_grad(), self.autocast():
                 token_logprobs(self.scorer, batch, 1.0, 1.0, PROBE_CHUNK)
 
