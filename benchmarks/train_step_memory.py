@@ -1,6 +1,7 @@
 """Seconds and peak memory of one training step on the embedded models, campaign-sized rollouts.
 
     python benchmarks/train_step_memory.py [--models qwen-coder smollm2] [--micro-batch 1 8]
+        [--checkpointing auto off] [--completion-tokens 256] [--cgroup-gib 4]
 
 The work: one group of G = 8 rollouts, each a prompt of 700 tokens and a completion of 256
 (what `vpo run circle_packing` prompts hold, and `make demo`'s --max-tokens), m = 3 candidates
@@ -13,6 +14,12 @@ Each configuration runs in a fresh process: the peak is that process's maximum r
 (model loading included), beside the resident memory of the loaded policy; one that passes
 `--max-gib` is stopped and reported so. Seconds: the median over `--steps` steps after one
 untimed step. Prints a table and writes it to benchmarks/results/train_step_memory.md.
+
+`--cgroup-gib N` runs each configuration in a memory cgroup of its own limited to N GiB (root
+and a writable cgroup memory controller, v1 or v2): the machine short of memory as a shared
+one is, where the kernel kills a process past the limit. It shows what activation
+checkpointing "auto" does (trainer/activations.py): it reads the limit and recomputes the
+passes that would not fit, where "off" is killed (`--out` names another table for it).
 """
 
 from __future__ import annotations
@@ -50,7 +57,14 @@ def resident_mib(pid: int | str = "self") -> float:
     return 0.0
 
 
-def one_configuration(model: str, micro_batch: int, lora: bool, steps: int) -> dict[str, float]:
+def one_configuration(
+    model: str,
+    micro_batch: int,
+    lora: bool,
+    steps: int,
+    checkpointing: str = "auto",
+    completion_tokens: int = COMPLETION_TOKENS,
+) -> dict[str, float]:
     """Runs in its own process."""
     import random
 
@@ -61,7 +75,10 @@ def one_configuration(model: str, micro_batch: int, lora: bool, steps: int) -> d
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import Group, Rollout, TrainConfig, train_step
 
-    policy = Policy.load(model, PolicyConfig(lr=1e-5, lora=lora, lora_rank=16))
+    policy = Policy.load(
+        model,
+        PolicyConfig(lr=1e-5, lora=lora, lora_rank=16, gradient_checkpointing=checkpointing),
+    )
     loaded = resident_mib()
     rng = random.Random(0)
     # Ordinary text tokens: both tokenizers keep their special tokens outside this range.
@@ -74,13 +91,13 @@ def one_configuration(model: str, micro_batch: int, lora: bool, steps: int) -> d
         loss=LossConfig(beta=1e-3),
     )
     scores = np.random.default_rng(0)
-    seconds = []
+    seconds, checkpointed, passes = [], 0, 0
     for step in range(steps + 1):
         rollouts = [
             Rollout(
                 prompt,
-                [rng.randrange(100, vocab) for _ in range(COMPLETION_TOKENS)],
-                logprobs=[-2.0] * COMPLETION_TOKENS,
+                [rng.randrange(100, vocab) for _ in range(completion_tokens)],
+                logprobs=[-2.0] * completion_tokens,
             )
             for _ in range(GROUP)
         ]
@@ -90,18 +107,77 @@ def one_configuration(model: str, micro_batch: int, lora: bool, steps: int) -> d
             mask=np.ones((GROUP, CANDIDATES), dtype=bool),
         )
         started = time.perf_counter()
-        train_step(policy, [group], config, generator=torch.Generator().manual_seed(step))
-        if step:
+        metrics = train_step(policy, [group], config, generator=torch.Generator().manual_seed(step))
+        checkpointed += metrics.checkpointed
+        passes += -(-GROUP // micro_batch)
+        if step or not steps:
             seconds.append(time.perf_counter() - started)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": statistics.median(seconds), "peak_mib": peak, "loaded_mib": loaded}
+    return {
+        "seconds": statistics.median(seconds),
+        "peak_mib": peak,
+        "loaded_mib": loaded,
+        "recomputed": f"{checkpointed}/{passes}",
+        # What "auto" weighed for the last pass it recomputed: its estimate, the memory free.
+        "weighed": policy.recomputed_memory,
+    }
 
 
-def run_side(command: list[str], max_gib: float) -> dict[str, float]:
-    """One configuration in its own process; stopped once it holds more than `max_gib`."""
+class Cgroup:
+    """A memory cgroup of its own, limited to `gib`, that a child process joins."""
+
+    def __init__(self, gib: float) -> None:
+        limit = str(int(gib * 2**30))
+        name = f"vpo-train-step-{os.getpid()}"
+        v1 = Path("/sys/fs/cgroup/memory")
+        try:
+            if v1.is_dir():
+                self.folder = v1 / name
+                self.folder.mkdir()
+                (self.folder / "memory.limit_in_bytes").write_text(limit)
+            else:
+                self.folder = Path("/sys/fs/cgroup") / name
+                self.folder.mkdir()
+                (self.folder / "memory.max").write_text(limit)
+                (self.folder / "memory.swap.max").write_text("0")
+        except OSError as error:
+            raise SystemExit(
+                f"--cgroup-gib needs root and a writable cgroup memory controller: {error}"
+            ) from error
+
+    def join(self) -> None:  # in the child, before it runs anything
+        (self.folder / "cgroup.procs").write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        self.folder.rmdir()
+
+
+def run_side(
+    command: list[str], max_gib: float, cgroup_gib: float | None = None
+) -> dict[str, float]:
+    """One configuration in its own process (in a cgroup of `cgroup_gib` when given); stopped
+    once it holds more than `max_gib`."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    cgroup = Cgroup(cgroup_gib) if cgroup_gib else None
+    try:
+        return _run_side(command, max_gib, env, cgroup)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+
+
+def _run_side(
+    command: list[str], max_gib: float, env: dict[str, str], cgroup: Cgroup | None
+) -> dict[str, float]:
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        side = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
+        side = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=err,
+            text=True,
+            env=env,
+            preexec_fn=cgroup.join if cgroup else None,
+        )
         while side.poll() is None:
             if resident_mib(side.pid) > max_gib * 1024:
                 side.kill()
@@ -110,6 +186,8 @@ def run_side(command: list[str], max_gib: float) -> dict[str, float]:
             time.sleep(0.2)
         out.seek(0)
         err.seek(0)
+        if side.returncode == -9 and cgroup is not None:  # the kernel's OOM killer
+            return {"killed": 1.0}
         if side.returncode != 0:
             raise SystemExit(f"{' '.join(command[2:])} failed:\n{err.read()[-3000:]}")
         return json.loads(out.read().strip().splitlines()[-1])
@@ -130,11 +208,42 @@ def main() -> None:
         help="stop a configuration whose resident memory passes this (GiB; default 12), so "
         "that a large micro-batch cannot take a shared machine's memory",
     )
+    parser.add_argument(
+        "--checkpointing",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", "on", "off"],
+        help="gradient_checkpointing settings to run (default auto)",
+    )
+    parser.add_argument(
+        "--completion-tokens",
+        type=int,
+        default=COMPLETION_TOKENS,
+        help=f"tokens of each rollout's answer (default {COMPLETION_TOKENS})",
+    )
+    parser.add_argument(
+        "--cgroup-gib",
+        type=float,
+        default=None,
+        help="run each configuration in a memory cgroup limited to this many GiB (root)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS, help="the table's file")
     parser.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--lora", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.completion_tokens < 1:
+        parser.error(f"--completion-tokens must be >= 1, not {args.completion_tokens}")
+    if args.cgroup_gib is not None and args.cgroup_gib <= 0:
+        parser.error(f"--cgroup-gib must be > 0, not {args.cgroup_gib:g}")
     if args.side:
-        result = one_configuration(args.models[0], args.micro_batch[0], bool(args.lora), args.steps)
+        result = one_configuration(
+            args.models[0],
+            args.micro_batch[0],
+            bool(args.lora),
+            args.steps,
+            args.checkpointing[0],
+            args.completion_tokens,
+        )
         print(json.dumps(result))
         return
 
@@ -143,8 +252,8 @@ def main() -> None:
     from trainer.models import preferred_dtype, resolve_model
 
     rows = []
-    for model, lora, micro_batch in itertools.product(
-        args.models, (True, False) if args.full else (True,), args.micro_batch
+    for model, lora, micro_batch, checkpointing in itertools.product(
+        args.models, (True, False) if args.full else (True,), args.micro_batch, args.checkpointing
     ):
         resolve_model(model)  # convert once, outside the measured processes
         command = [
@@ -159,11 +268,17 @@ def main() -> None:
             str(int(lora)),
             "--steps",
             str(args.steps),
+            "--checkpointing",
+            checkpointing,
+            "--completion-tokens",
+            str(args.completion_tokens),
         ]
-        result = run_side(command, args.max_gib)
-        rows.append((model, "LoRA r=16" if lora else "full", micro_batch, result))
+        result = run_side(command, args.max_gib, args.cgroup_gib)
+        rows.append((model, "LoRA r=16" if lora else "full", micro_batch, checkpointing, result))
         print(rows[-1], flush=True)
-    tokens = GROUP * COMPLETION_TOKENS
+    tokens = GROUP * args.completion_tokens
+    limited = f" --cgroup-gib {args.cgroup_gib:g}" if args.cgroup_gib else ""
+    other = "" if args.out == RESULTS else f" --out {args.out}"
     dtype = str(preferred_dtype("cpu")).split(".")[-1]
     lines = [
         "# One training step on the embedded models: seconds and peak memory",
@@ -174,27 +289,47 @@ def main() -> None:
         f"{os.getloadavg()[0]:.1f} (other work on the machine slows every row)",
         f"- command: `python benchmarks/train_step_memory.py --models {' '.join(args.models)} "
         f"--micro-batch {' '.join(map(str, args.micro_batch))}"
-        f"{' --full' if args.full else ''} --steps {args.steps} --max-gib {args.max_gib:g}`",
-        f"- work per step: {GROUP} rollouts of {PROMPT_TOKENS} prompt + {COMPLETION_TOKENS} "
+        f"{' --full' if args.full else ''} --steps {args.steps} --max-gib {args.max_gib:g} "
+        f"--checkpointing {' '.join(args.checkpointing)} --completion-tokens "
+        f"{args.completion_tokens}{limited}{other}`",
+        *(
+            [f"- each configuration in a memory cgroup of {args.cgroup_gib:g} GiB"]
+            if args.cgroup_gib
+            else []
+        ),
+        f"- work per step: {GROUP} rollouts of {PROMPT_TOKENS} prompt + {args.completion_tokens} "
         f"completion tokens ({tokens} completion tokens), m = {CANDIDATES}, {OBJECTIVES} "
-        "objectives, KL beta 1e-3, one AdamW step; median of the timed steps after one untimed",
+        "objectives, KL beta 1e-3, one AdamW step; "
+        + (
+            "median of the timed steps after one untimed"
+            if args.steps
+            else "one step, timed (the policy's first: a probe of its activations included)"
+        ),
         "",
-        "| model | training | micro_batch | s/step | completion tok/s | peak RSS | loaded policy |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| model | training | micro_batch | checkpointing | passes recomputed | auto's estimate "
+        "/ free | s/step | completion tok/s | peak RSS | loaded policy |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for model, name, micro_batch, result in rows:
+    for model, name, micro_batch, checkpointing, result in rows:
+        start = f"| {model} | {name} | {micro_batch} | {checkpointing} |"
         if "stopped_gib" in result:
             lines.append(
-                f"| {model} | {name} | {micro_batch} | - | - | "
-                f"over {result['stopped_gib']:g} GiB (stopped) | - |"
+                f"{start} - | - | - | - | over {result['stopped_gib']:g} GiB (stopped) | - |"
             )
             continue
+        if "killed" in result:
+            lines.append(
+                f"{start} - | - | - | - | killed by the kernel at the cgroup's limit | - |"
+            )
+            continue
+        weighed = result.get("weighed")
+        weighed = f"{weighed[0] / 2**30:.2f} / {weighed[1] / 2**30:.2f} GiB" if weighed else "-"
         lines.append(
-            f"| {model} | {name} | {micro_batch} | {result['seconds']:.1f} | "
+            f"{start} {result['recomputed']} | {weighed} | {result['seconds']:.1f} | "
             f"{tokens / result['seconds']:.0f} | {result['peak_mib'] / 1024:.2f} GiB | "
             f"{result['loaded_mib'] / 1024:.2f} GiB |"
         )
-    publish(RESULTS, "\n".join(lines) + "\n")
+    publish(args.out, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ pass that would not fit recomputes its activations instead (trainer/activations.
 from __future__ import annotations
 
 import logging
+import weakref
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,18 @@ def test_saved_bytes_counts_what_autograd_keeps_and_leaves_the_weights_out() -> 
     assert saved_bytes(lambda: torch.tanh(x @ w), skip) == (64 * 32 + 64 * 16) * 4
     with torch.no_grad():
         assert saved_bytes(lambda: torch.tanh(x @ w)) == 0
+
+
+def test_what_saved_bytes_measures_is_freed_after() -> None:
+    x = torch.randn(64, 32, requires_grad=True)
+    made: list[weakref.ref[torch.Tensor]] = []
+
+    def run() -> None:
+        out = torch.tanh(x * 2)  # tanh keeps its own output for the backward pass
+        made.append(weakref.ref(out))
+
+    assert saved_bytes(run) > 0
+    assert made[0]() is None  # a hook that kept the output would tie it to its node for good
 
 
 def test_free_memory_on_this_machine_is_some_of_its_memory() -> None:
