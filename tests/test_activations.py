@@ -39,6 +39,16 @@ def test_what_saved_bytes_measures_is_freed_after() -> None:
     assert made[0]() is None  # a hook that kept the output would tie it to its node for good
 
 
+def test_a_storage_freed_and_reused_during_the_run_is_not_counted_once() -> None:
+    x = torch.randn(256, 1024, requires_grad=True)
+
+    def run() -> None:
+        for scale in (2.0, 3.0, 4.0):  # each output dropped before the next is made
+            torch.tanh(x * scale)
+
+    assert saved_bytes(run) == 3 * x.nbytes
+
+
 def test_free_memory_on_this_machine_is_some_of_its_memory() -> None:
     total = next(
         int(line.split()[1]) * 1024

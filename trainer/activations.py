@@ -81,23 +81,29 @@ class ActivationCost:
 
 def saved_bytes(run: Callable[[], Any], skip: set[int] = frozenset()) -> int:
     """The bytes of the distinct storages autograd saves for the backward pass while `run()`
-    runs, those in `skip` left out. Nothing is kept: the graph `run` builds cannot be run
-    backward (a hook that handed back each tensor itself would tie a saved output to the
-    node that made it, a cycle nothing frees: 0.4 GB a probe of the 135M model)."""
-    seen: dict[int, int] = {}
+    runs, those in `skip` left out. The tensors are held in a list of their own until it
+    returns, so that no storage is freed and reused meanwhile (which would count two tensors
+    as one), and the graph holds none: it cannot be run backward (a hook that handed each
+    tensor back to the graph would tie a saved output to the node that made it, a cycle
+    nothing frees: 0.4 GB a probe of the 135M model)."""
+    kept: list[torch.Tensor] = []
 
     def pack(tensor: torch.Tensor) -> None:
-        with contextlib.suppress(RuntimeError):  # a tensor without storage (a meta tensor)
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in skip:
-                seen[storage.data_ptr()] = storage.nbytes()
+        kept.append(tensor)
 
     def unpack(_: None) -> torch.Tensor:
         raise RuntimeError("a graph measured by saved_bytes cannot be run backward")
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         run()
-    return sum(seen.values())
+    sizes: dict[int, int] = {}
+    for tensor in kept:
+        with contextlib.suppress(RuntimeError):  # a tensor without storage (a meta tensor)
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in skip:
+                sizes[storage.data_ptr()] = storage.nbytes()
+    kept.clear()
+    return sum(sizes.values())
 
 
 def free_memory(device: torch.device) -> int | None:
