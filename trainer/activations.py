@@ -135,22 +135,25 @@ def free_memory(device: torch.device) -> int | None:
 
 
 def _cgroup_left() -> int | None:
-    """The memory left under this process's cgroup limit (v2 or v1), None without one."""
-    for limit_file, usage_file in (
-        ("memory.max", "memory.current"),
-        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes"),
+    """The memory left under this process's cgroup limit (v2 or v1), None without one. The
+    cgroup's usage counts the page cache; its inactive file pages, which the kernel drops
+    before it kills, are counted as left."""
+    for v1, limit_file, usage_file, inactive in (
+        (False, "memory.max", "memory.current", "inactive_file"),
+        (True, "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"),
     ):
-        folder = _cgroup_folder(limit_file.startswith("memory/"))
+        folder = _cgroup_folder(v1)
         if folder is None:
             continue
         try:
-            limit = (folder / Path(limit_file).name).read_text().strip()
-            usage = int((folder / Path(usage_file).name).read_text())
+            limit = (folder / limit_file).read_text().strip()
+            usage = int((folder / usage_file).read_text())
+            stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines())
         except (OSError, ValueError):
             continue
         if limit == "max" or int(limit) >= 1 << 60:  # no limit set
             return None
-        return max(int(limit) - usage, 0)
+        return max(int(limit) - usage + int(stat.get(inactive, 0)), 0)
     return None
 
 
