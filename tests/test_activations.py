@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.activations import PROBE_CHUNK, free_memory, saved_bytes
+from trainer.activations import PROBE_CHUNK, free_memory, measure_policy, saved_bytes
 from trainer.logprobs import pack_batch, token_batch, token_logprobs
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import TrainConfig, train_step
@@ -94,7 +94,7 @@ def test_the_estimate_fitted_on_one_short_row_holds_for_a_real_pass(
     tiny_model: str, lora: bool, packed: bool
 ) -> None:
     policy = Policy.load(tiny_model, PolicyConfig(lora=lora, lora_rank=4, reference=False))
-    cost = policy._measure_activations(packed)
+    cost = measure_policy(policy, packed)
     batch = real_pass(3, 300, packed)
     rows, width = batch["input_ids"].shape
     positions = int(batch["completion_ids"].numel())

@@ -25,10 +25,15 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+from trainer.logprobs import pack_batch, token_batch, token_logprobs
+
+if TYPE_CHECKING:
+    from trainer.policy import Policy
 
 # A pass recomputes its activations when keeping them would take more than this share of the
 # free memory: the backward pass needs room beside them (the logits of a chunk, the gradients
@@ -77,6 +82,43 @@ class ActivationCost:
         return cls(
             max(float(fixed), 0.0), max(float(linear), 0.0), max(float(square), 0.0), 8 * vocabulary
         )
+
+
+def pass_needs_recompute(policy: Policy, batch: dict[str, torch.Tensor], logit_chunk: int) -> bool:
+    """Whether `policy`'s pass over `batch` would keep more than SHARE of the memory free
+    (False where that cannot be read); the cost of a pass of its kind (packed rows or a row a
+    rollout) is measured at the first one."""
+    free = policy.memory_free(policy.device)
+    if free is None:
+        return False
+    packed = "segments" in batch
+    if packed not in policy.activation_cost:
+        policy.activation_cost[packed] = measure_policy(policy, packed)
+    rows, width = batch["input_ids"].shape
+    positions = batch["completion_ids"].numel()
+    estimate = policy.activation_cost[packed].bytes(rows, width, positions, logit_chunk)
+    if estimate <= SHARE * free:
+        return False
+    policy.recomputed_memory = (estimate, free)
+    return True
+
+
+def measure_policy(policy: Policy, packed: bool) -> ActivationCost:
+    """What `policy`'s training passes keep for the backward pass: of rows of one rollout
+    each, or of packed rows (one prompt, several completions), whose attention may keep more."""
+    token = policy.tokenizer.eos_token_id or 0
+
+    def forward(width: int) -> None:
+        if packed:  # a prompt of half the width and two completions of a quarter
+            pack = ([token] * (width // 2), [[token] * (width // 4)] * 2, [None, None])
+            batch = pack_batch([pack], token, policy.device)
+        else:
+            batch = token_batch([([token], [token] * (width - 1), None)], token, policy.device)
+        with torch.enable_grad(), policy.autocast():
+            token_logprobs(policy.scorer, batch, 1.0, 1.0, PROBE_CHUNK)
+
+    vocabulary = policy.model.get_output_embeddings().weight.shape[0]
+    return ActivationCost.measure(forward, policy.model.parameters(), vocabulary)
 
 
 def saved_bytes(run: Callable[[], Any], skip: set[int] = frozenset()) -> int:

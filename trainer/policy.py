@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.activations import PROBE_CHUNK, SHARE, ActivationCost, free_memory
+from trainer.activations import ActivationCost, free_memory, pass_needs_recompute
 from trainer.distributed import ALONE, Parallel, decoder_layers
-from trainer.logprobs import TokenLogprobs, pack_batch, token_batch, token_logprobs
+from trainer.logprobs import TokenLogprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
 
 if TYPE_CHECKING:
@@ -124,13 +124,9 @@ class Policy:
             _recompute(model, True)
         # "auto" below CHECKPOINTING_FROM decides pass by pass, on one process only (under DDP or
         # FSDP every process must recompute alike, or their collectives would not pair up).
-        self.auto_checkpointing = (
-            config.gradient_checkpointing == "auto"
-            and not self.checkpointing
-            and not parallel.active
-        )
-        # Measured at the first pass of each kind: packed rows (True) or a row a rollout.
-        self.activation_cost: dict[bool, ActivationCost] = {}
+        auto = config.gradient_checkpointing == "auto"
+        self.auto_checkpointing = auto and not self.checkpointing and not parallel.active
+        self.activation_cost: dict[bool, ActivationCost] = {}  # by kind: packed rows or not
         self.memory_free = free_memory  # bytes free on a device, read before each "auto" pass
         # The last pass "auto" recomputed: its activations' estimated bytes, and the bytes free.
         self.recomputed_memory: tuple[float, int] | None = None
@@ -280,40 +276,11 @@ class Policy:
         this pass when its activations would take more than SHARE of the memory free."""
         if not self.auto_checkpointing:
             return self.checkpointing
-        free = self.memory_free(self.device)
-        if free is None:
-            return False
-        packed = "segments" in batch
-        if packed not in self.activation_cost:
-            self.activation_cost[packed] = self._measure_activations(packed)
-        rows, width = batch["input_ids"].shape
-        positions = batch["completion_ids"].numel()
-        estimate = self.activation_cost[packed].bytes(rows, width, positions, logit_chunk)
-        recompute = estimate > SHARE * free
-        if recompute:
-            self.recomputed_memory = (estimate, free)
+        recompute = pass_needs_recompute(self, batch, logit_chunk)
         if recompute != self._recomputing:
             _recompute(self.model, recompute)
             self._recomputing = recompute
         return recompute
-
-    def _measure_activations(self, packed: bool) -> ActivationCost:
-        """What this model's training passes keep for the backward pass (activations.py): of
-        rows of one rollout each, or of packed rows (one prompt, several completions), whose
-        attention may keep more."""
-        token = self.tokenizer.eos_token_id or 0
-
-        def forward(width: int) -> None:
-            if packed:  # a prompt of half the width and two completions of a quarter
-                pack = ([token] * (width // 2), [[token] * (width // 4)] * 2, [None, None])
-                batch = pack_batch([pack], token, self.device)
-            else:
-                batch = token_batch([([token], [token] * (width - 1), None)], token, self.device)
-            with torch.enable_grad(), self.autocast():
-                token_logprobs(self.scorer, batch, 1.0, 1.0, PROBE_CHUNK)
-
-        vocabulary = self.model.get_output_embeddings().weight.shape[0]
-        return ActivationCost.measure(forward, self.model.parameters(), vocabulary)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
