@@ -25,15 +25,28 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from trainer.logprobs import pack_batch, token_batch, token_logprobs
 
-if TYPE_CHECKING:
-    from trainer.policy import Policy
+
+class Policy(Protocol):
+    """What the decision reads from trainer.policy.Policy (named, not imported: the policy
+    module imports this one)."""
+
+    device: torch.device
+    model: Any
+    scorer: Any
+    tokenizer: Any
+    activation_cost: dict[bool, ActivationCost]
+    recomputed_memory: tuple[float, int] | None
+    memory_free: Callable[[torch.device], int | None]
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
+
 
 # A pass recomputes its activations when keeping them would take more than this share of the
 # free memory: the backward pass needs room beside them (the logits of a chunk, the gradients
