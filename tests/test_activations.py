@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.activations import PROBE_CHUNK, free_memory, measure_policy, saved_bytes
+from trainer.activations import (
+    LOGIT_BYTES,
+    LOGIT_CHUNK_FLOOR,
+    LOGIT_SHARE,
+    PROBE_CHUNK,
+    free_memory,
+    measure_policy,
+    saved_bytes,
+)
 from trainer.logprobs import pack_batch, token_batch, token_logprobs
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import TrainConfig, train_step
@@ -98,14 +106,20 @@ def test_the_estimate_fitted_on_one_short_row_holds_for_a_real_pass(
     batch = real_pass(3, 300, packed)
     rows, width = batch["input_ids"].shape
     positions = int(batch["completion_ids"].numel())
+    vocabulary = policy.model.get_output_embeddings().weight.shape[0]
     # Logits in small chunks, recomputed: the decoder's activations alone.
     decoder = cost.bytes(rows, width, positions, 0)
     measured = pass_bytes(policy, batch, PROBE_CHUNK)
     assert 0.8 * measured < decoder < 1.25 * measured
-    # Logits in one chunk: kept for the backward pass, and counted in the estimate.
+    # Logits in one chunk: kept for the backward pass, and counted in the estimate at their
+    # peak (LOGIT_BYTES a position and vocabulary entry), of which autograd keeps the fp32
+    # log-softmax (4 bytes) until the backward pass.
     whole = pass_bytes(policy, batch, positions)
     assert whole > 2 * measured
-    assert whole <= cost.bytes(rows, width, positions, positions) < 2.5 * whole
+    logits = whole - measured
+    assert 3.5 * positions * vocabulary < logits <= 4.5 * positions * vocabulary
+    estimate = cost.bytes(rows, width, positions, positions)
+    assert estimate == pytest.approx(decoder + LOGIT_BYTES * positions * vocabulary)
 
 
 def step(policy: Policy, groups: list) -> list[torch.Tensor]:
@@ -138,6 +152,9 @@ def test_auto_recomputes_the_passes_that_would_not_fit_and_learns_the_same(
     assert metrics.checkpointed == 4  # every pass: eight rollouts, two a pass
     assert short.model.is_gradient_checkpointing
     assert "activation checkpointing on for 4 of 4 passes" in caplog.text
+    # The logits too were computed in the shortest chunks, each recomputed in the backward pass.
+    assert short.shortened_logit_chunk == (LOGIT_CHUNK_FLOOR, TrainConfig().logit_chunk)
+    assert f"logits computed {LOGIT_CHUNK_FLOOR} positions a chunk" in caplog.text
     for a, b in zip(plain, recomputed, strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
 
@@ -145,6 +162,23 @@ def test_auto_recomputes_the_passes_that_would_not_fit_and_learns_the_same(
     short.memory_free = free_memory
     metrics, _ = step(short, groups)
     assert metrics.checkpointed == 0 and not short.model.is_gradient_checkpointing
+
+
+def test_auto_shortens_the_logit_chunk_to_what_memory_holds(tiny_model: str) -> None:
+    policy = Policy.load(tiny_model, PolicyConfig(reference=False, gradient_checkpointing="auto"))
+    vocabulary = policy.model.get_output_embeddings().weight.shape[0]
+    chunk_bytes = LOGIT_BYTES * vocabulary  # a position's share of a chunk's peak
+    for free, expected in (
+        (None, 2048),  # unknown: as configured
+        (int(2048 * chunk_bytes / LOGIT_SHARE) + 1, 2048),  # room for the whole chunk
+        (int(300 * chunk_bytes / LOGIT_SHARE) + 1, 300),
+        (1 << 20, LOGIT_CHUNK_FLOOR),  # 1 MiB: the floor
+    ):
+        policy.memory_free = lambda device, free=free: free
+        assert policy.logit_chunk(2048) == expected
+    off = Policy.load(tiny_model, PolicyConfig(reference=False, gradient_checkpointing="off"))
+    off.memory_free = lambda device: 1 << 20
+    assert off.logit_chunk(2048) == 2048  # "on" and "off" leave the configured chunk alone
 
 
 def test_on_and_off_are_kept_whatever_the_memory(tiny_model: str) -> None:

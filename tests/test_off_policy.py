@@ -16,8 +16,8 @@ import torch
 
 from harness.llm.base import Completion, Sampling
 from harness.llm.transformers_backend import TransformersGenerator, sampling_logprobs
-from trainer import train
-from trainer.logprobs import nucleus_log_mass, token_batch, token_logprobs
+from trainer import logprobs, train
+from trainer.logprobs import _kept_mass, nucleus_log_mass, token_batch, token_logprobs
 from trainer.loss import LossConfig
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import Group, Rollout, TrainConfig, train_step
@@ -40,6 +40,21 @@ def test_nucleus_mass_is_what_the_sampler_renormalises_by(vocab: int, top_p: flo
     kept = torch.isfinite(sampled)
     shifted = logp - nucleus_log_mass(logp, top_p).unsqueeze(-1)
     assert torch.allclose(shifted[kept], sampled[kept], atol=1e-5)
+
+
+def test_wide_nuclei_sorted_in_groups_give_each_row_its_own_mass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Positions whose nucleus reaches past the top-token search are sorted a few at a time
+    (bounded memory); each row still gets the mass of its own nucleus, whatever the grouping."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 3000, generator=gen) * torch.linspace(0.01, 0.3, 9).unsqueeze(-1)
+    logp = logits.log_softmax(-1)  # near flat, each row a different spread: every row is wide
+    top_p = 0.9
+    own = torch.stack([_kept_mass(row.sort(descending=True).values, top_p) for row in logp]).log()
+    monkeypatch.setattr(logprobs, "NUCLEUS_SORT_ROWS", 2)
+    assert torch.allclose(nucleus_log_mass(logp, top_p), own)
+    assert len(set(own.tolist())) == 9  # the rows differ: a mix-up of rows would show
 
 
 def group_of(completions: list[Completion], version: int | None, rng: np.random.Generator) -> Group:

@@ -12,11 +12,16 @@ lengths and counts the bytes of what autograd saves for the backward pass (the p
 themselves left out), and fits bytes = fixed + a * width + b * width^2 (the fixed part: the
 weights' bf16 copies under autocast; the square: an attention that keeps its L x L
 probabilities). The probe's logits are computed in small checkpointed chunks, so the fit is
-the decoder's; a pass's logits are added apart: a pass with no more predicted positions than
-`logit_chunk` keeps them (fp32 logits and log-softmax, 8 bytes a position and vocabulary
-entry), a longer one recomputes them chunk by chunk (trainer/logprobs.py) and holds one chunk
-at a time. A pass is checkpointed when its estimate is more than `SHARE` of the memory free
-before it.
+the decoder's; a pass's logits are added apart, as the peak of one chunk of them
+(trainer/logprobs.py computes them `logit_chunk` positions at a time): LOGIT_BYTES a position
+and vocabulary entry. A pass is checkpointed when its estimate is more than `SHARE` of the
+memory free before it.
+
+The logits have a knob of their own. A chunk of 2,048 positions of Qwen2.5's 152k vocabulary
+peaks at 3.6 GB, whatever the decoder keeps, so "auto" also shortens the chunk (never below
+LOGIT_CHUNK_FLOOR) until its peak is at most LOGIT_SHARE of the memory free: no cost while
+memory is ample, and where it is short each chunk is recomputed in the backward pass (a second
+run of the vocabulary projection) instead of the process being killed.
 """
 
 from __future__ import annotations
@@ -58,6 +63,14 @@ SHARE = 0.5
 PROBE_WIDTHS = (64, 128, 256)
 # The probe's logit chunk: small, so that its logits are recomputed rather than kept.
 PROBE_CHUNK = 16
+# A chunk of logits at its peak, forward and backward (the head's bf16 output, the fp32 logits,
+# their log-softmax, the gradients): 12.0-12.4 bytes a position and vocabulary entry, measured
+# on Qwen2.5's 896 x 151,936 head at 256-2,048 positions, top_p 1 and 0.95 alike.
+LOGIT_BYTES = 12.5
+# "auto" shortens the logit chunk until a chunk's peak is at most this share of the memory free
+# (the decoder's activations have SHARE beside it), to no fewer positions than the floor.
+LOGIT_SHARE = 0.25
+LOGIT_CHUNK_FLOOR = 64
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ class ActivationCost:
     fixed: float
     linear: float
     square: float
-    logit_position: float = 0.0  # bytes of one position's logits and log-softmax
+    logit_position: float = 0.0  # a chunk's peak bytes a position: LOGIT_BYTES x vocabulary
 
     def bytes(self, rows: int, width: int, positions: int, logit_chunk: int) -> float:
         """The estimate for a pass of `rows` rows of `width` tokens predicting `positions`
@@ -93,7 +106,10 @@ class ActivationCost:
             np.stack([np.ones_like(widths), widths, widths**2], axis=1), kept
         )
         return cls(
-            max(float(fixed), 0.0), max(float(linear), 0.0), max(float(square), 0.0), 8 * vocabulary
+            max(float(fixed), 0.0),
+            max(float(linear), 0.0),
+            max(float(square), 0.0),
+            LOGIT_BYTES * vocabulary,
         )
 
 
@@ -114,6 +130,17 @@ def pass_needs_recompute(policy: Policy, batch: dict[str, torch.Tensor], logit_c
         return False
     policy.recomputed_memory = (estimate, free)
     return True
+
+
+def fit_logit_chunk(policy: Policy, logit_chunk: int) -> int:
+    """`logit_chunk`, or fewer positions (LOGIT_CHUNK_FLOOR at least) where a chunk's logits
+    would peak at more than LOGIT_SHARE of the memory free; as given where that cannot be read."""
+    free = policy.memory_free(policy.device)
+    if free is None:
+        return logit_chunk
+    vocabulary = policy.model.get_output_embeddings().weight.shape[0]
+    fits = int(LOGIT_SHARE * free // (LOGIT_BYTES * vocabulary))
+    return min(logit_chunk, max(LOGIT_CHUNK_FLOOR, fits))
 
 
 def measure_policy(policy: Policy, packed: bool) -> ActivationCost:

@@ -44,17 +44,18 @@ class Passes:
         policy, config, parallel = self.policy, self.config, self.policy.parallel
         chosen = [i for pack in packs for i in pack]
         batch = pass_batch(self.rows, packs, self.pad, policy.device)
-        if chosen and policy.checkpoint_pass(batch, config.logit_chunk):
+        chunk = policy.logit_chunk(config.logit_chunk)
+        if chosen and policy.checkpoint_pass(batch, chunk):
             self.checkpointed += 1
         # The wrapper reduces the gradients after the last pass only.
         with parallel.gradient_sync(policy.scorer, last), policy.autocast():
             logprobs, log_mass = token_logprobs(
-                policy.scorer, batch, config.temperature, config.top_p, config.logit_chunk
+                policy.scorer, batch, config.temperature, config.top_p, chunk
             )
         ref = None
         if policy.has_reference and config.loss.beta > 0:
             with torch.no_grad(), policy.reference_scorer() as reference, policy.autocast():
-                ref = completion_logprobs(reference, batch, config.temperature, config.logit_chunk)
+                ref = completion_logprobs(reference, batch, config.temperature, chunk)
         old = self._old_logprobs(batch, logprobs.detach(), log_mass, chosen)
         values = torch.tensor(
             [self.advantages[i] for i in chosen] or [0.0],

@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.activations import ActivationCost, free_memory, pass_needs_recompute
+from trainer.activations import (
+    ActivationCost,
+    fit_logit_chunk,
+    free_memory,
+    pass_needs_recompute,
+)
 from trainer.distributed import ALONE, Parallel, decoder_layers
 from trainer.logprobs import TokenLogprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
@@ -130,6 +135,8 @@ class Policy:
         self.memory_free = free_memory  # bytes free on a device, read before each "auto" pass
         # The last pass "auto" recomputed: its activations' estimated bytes, and the bytes free.
         self.recomputed_memory: tuple[float, int] | None = None
+        # The last logit chunk "auto" shortened: (positions it took, positions configured).
+        self.shortened_logit_chunk: tuple[int, int] | None = None
         self._recomputing = self.checkpointing
         sharded = parallel.sharding == "fsdp"
         # The per-token log-probs as one module, owned by the data-parallel wrapper (FSDP2 or
@@ -281,6 +288,17 @@ class Policy:
             _recompute(self.model, recompute)
             self._recomputing = recompute
         return recompute
+
+    def logit_chunk(self, configured: int) -> int:
+        """The positions a chunk of a training pass's logits takes: `configured`, or fewer
+        under "auto" (one process, below CHECKPOINTING_FROM parameters) where a chunk's logits
+        would take more than LOGIT_SHARE of the memory free."""
+        if not self.auto_checkpointing:
+            return configured
+        chunk = fit_logit_chunk(self, configured)
+        if chunk < configured:
+            self.shortened_logit_chunk = (chunk, configured)
+        return chunk
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

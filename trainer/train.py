@@ -36,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trainer.activations import LOGIT_SHARE
 from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
 from trainer.logprobs import (
     PACKABLE,
@@ -307,7 +308,7 @@ def train_step(
         ran.run(plan[index] if index < len(plan) else [], last=index == passes - 1)
     if ran.mismatched:
         _warn_mismatch(ran.mismatched, ran.gap / max(ran.gap_tokens, 1), config)
-    if ran.checkpointed and policy.auto_checkpointing:
+    if policy.auto_checkpointing:
         _say_checkpointing(policy, ran.checkpointed, len(plan))
     grad_norm, not_finite = _optimiser_step(policy, passes)
     skipped = skipped or not_finite
@@ -402,12 +403,23 @@ def _optimiser_step(policy: Policy, passes: int) -> tuple[float, str | None]:
 
 _mismatch_said = False
 _checkpointing_said = False
+_logit_chunk_said = False
 
 
 def _say_checkpointing(policy: Policy, passes: int, of: int) -> None:
-    """Say once per process that "auto" turned activation checkpointing on, and why."""
-    global _checkpointing_said
-    if _checkpointing_said or policy.recomputed_memory is None:
+    """Say once per process that "auto" turned activation checkpointing on, or shortened the
+    logit chunk, and why."""
+    global _checkpointing_said, _logit_chunk_said
+    if not _logit_chunk_said and policy.shortened_logit_chunk is not None:
+        _logit_chunk_said = True
+        chunk, configured = policy.shortened_logit_chunk
+        log.info(
+            f"logits computed {chunk} positions a chunk, not logit_chunk {configured}: a chunk "
+            f"of them would take more than {LOGIT_SHARE:.0%} of the memory free "
+            "(gradient_checkpointing auto; each chunk is recomputed in the backward pass; said "
+            "once)"
+        )
+    if _checkpointing_said or not passes or policy.recomputed_memory is None:
         return
     _checkpointing_said = True
     estimate, free = policy.recomputed_memory
