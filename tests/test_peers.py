@@ -32,6 +32,7 @@ peers = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = peers
 _SPEC.loader.exec_module(peers)  # puts benchmarks/ and benchmarks/peers/ on sys.path
 
+import peer_results  # noqa: E402
 from peer_harnesses import (  # noqa: E402
     PEERS,
     PeerInstallError,
@@ -211,6 +212,26 @@ def test_a_report_from_kept_runs_says_which_seeds_each_harness_ran(tmp_path: Pat
         ["| vpo-evolve, no training", "2"],
     ]  # fmt: skip
     assert " | 0.600 [0.100, 1.100] | " in rows[2]  # the mean over its two seeds
+
+
+def test_the_hypervolume_is_over_what_the_seed_scores_on() -> None:
+    """One run that opens a gated objective (simplicity) the seed scores 0 on must not make
+    every other run's hypervolume 0: it counts the objectives the seed program scores on."""
+    seed = [0.14, 0.017, 0.0]
+
+    def run(harness: str, *better: list[float]) -> PeerRun:
+        scores = np.array([seed, *better])
+        tokens = np.arange(len(scores), dtype=np.int64) * 100  # the seed at 0 tokens
+        return PeerRun(
+            harness, "equation_discovery:oscillator1", 0, OBJECTIVES, 8000, tokens, scores,
+            10, len(scores), 8000, 10, 0, 1.0, None, None, None,
+        )  # fmt: skip
+
+    runs = [run("shinka"), run("vpo", [0.3, 0.08, 0.5]), run("vpo-train", [0.14, 0.1, 0.0])]
+    assert peer_results.live_objectives(runs) == [0, 1]
+    volumes = [r.hypervolume([0, 1]) for r in runs]
+    assert volumes[0] == pytest.approx(0.14 * 0.017)
+    assert volumes[1] == pytest.approx(0.3 * 0.08) and volumes[2] == pytest.approx(0.14 * 0.1)
 
 
 def test_the_seed_is_marked_around_the_evolved_function() -> None:

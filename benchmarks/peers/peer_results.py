@@ -145,10 +145,13 @@ def rescore(problem_name: str, code: str) -> tuple[str, dict[str, float]]:
 
 
 def live_objectives(runs: list[PeerRun]) -> list[int]:
-    """The objectives some run scored above 0 on (all if none did): a gated objective that never
-    opened (simplicity) would make every hypervolume 0."""
+    """The objectives the seed program (scored before any token was spent) scores above 0 on,
+    all if it scores on none: every run starts from it, so each run's hypervolume over them is
+    above 0. An objective only some runs opened (simplicity, gated on the fit) would make the
+    others' 0; its best has a column of its own."""
     d = len(runs[0].objectives)
-    scored = [j for j in range(d) if any(r.within()[1][:, j].max(initial=0) > 0 for r in runs)]
+    seeds = [r.program_scores[r.program_tokens == 0] for r in runs]
+    scored = [j for j in range(d) if any(s[:, j].max(initial=0) > 0 for s in seeds)]
     return scored or list(range(d))
 
 
