@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer import activations, train
 from trainer.activations import (
     LOGIT_BYTES,
     LOGIT_CHUNK_FLOOR,
@@ -152,9 +153,9 @@ def test_auto_recomputes_the_passes_that_would_not_fit_and_learns_the_same(
     assert metrics.checkpointed == 4  # every pass: eight rollouts, two a pass
     assert short.model.is_gradient_checkpointing
     assert "activation checkpointing on for 4 of 4 passes" in caplog.text
-    # The logits too were computed in the shortest chunks, each recomputed in the backward pass.
-    assert short.shortened_logit_chunk == (LOGIT_CHUNK_FLOOR, TrainConfig().logit_chunk)
-    assert f"logits computed {LOGIT_CHUNK_FLOOR} positions a chunk" in caplog.text
+    # The logit chunk fell to the floor, but each pass predicts fewer positions: none is split,
+    # and nothing is said about it.
+    assert short.shortened_logit_chunk is None and "logits computed" not in caplog.text
     for a, b in zip(plain, recomputed, strict=True):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
 
@@ -164,7 +165,9 @@ def test_auto_recomputes_the_passes_that_would_not_fit_and_learns_the_same(
     assert metrics.checkpointed == 0 and not short.model.is_gradient_checkpointing
 
 
-def test_auto_shortens_the_logit_chunk_to_what_memory_holds(tiny_model: str) -> None:
+def test_auto_shortens_the_logit_chunk_to_what_memory_holds(
+    tiny_model: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     policy = Policy.load(tiny_model, PolicyConfig(reference=False, gradient_checkpointing="auto"))
     vocabulary = policy.model.get_output_embeddings().weight.shape[0]
     chunk_bytes = LOGIT_BYTES * vocabulary  # a position's share of a chunk's peak
@@ -175,10 +178,27 @@ def test_auto_shortens_the_logit_chunk_to_what_memory_holds(tiny_model: str) -> 
         (1 << 20, LOGIT_CHUNK_FLOOR),  # 1 MiB: the floor
     ):
         policy.memory_free = lambda device, free=free: free
-        assert policy.logit_chunk(2048) == expected
+        assert policy.logit_chunk(2048, 4096) == expected
+    # Said only for a pass the shorter chunk splits: one of 200 positions is one chunk anyway.
+    policy.shortened_logit_chunk = None
+    assert policy.logit_chunk(2048, 200) == LOGIT_CHUNK_FLOOR
+    assert policy.shortened_logit_chunk is not None
+    policy.shortened_logit_chunk = None
+    policy.memory_free = lambda device: int(300 * chunk_bytes / LOGIT_SHARE) + 1
+    assert policy.logit_chunk(2048, 200) == 300 and policy.shortened_logit_chunk is None
+    # A step whose passes the shorter chunk splits says so, once (chunked log-probs equal the
+    # whole ones: tests/test_trainer.py).
+    from test_trainer import tiny_groups
+
+    monkeypatch.setattr(activations, "LOGIT_CHUNK_FLOOR", 4)
+    monkeypatch.setattr(train, "_logit_chunk_said", False)
+    policy.memory_free = lambda device: 1 << 20
+    with caplog.at_level(logging.INFO, logger="trainer.train"):
+        step(policy, tiny_groups(policy, 2))
+    assert caplog.text.count("logits computed 4 positions a chunk, not logit_chunk 2048") == 1
     off = Policy.load(tiny_model, PolicyConfig(reference=False, gradient_checkpointing="off"))
     off.memory_free = lambda device: 1 << 20
-    assert off.logit_chunk(2048) == 2048  # "on" and "off" leave the configured chunk alone
+    assert off.logit_chunk(2048, 4096) == 2048  # "on" and "off" leave the configured chunk alone
 
 
 def test_on_and_off_are_kept_whatever_the_memory(tiny_model: str) -> None:

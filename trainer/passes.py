@@ -44,7 +44,7 @@ class Passes:
         policy, config, parallel = self.policy, self.config, self.policy.parallel
         chosen = [i for pack in packs for i in pack]
         batch = pass_batch(self.rows, packs, self.pad, policy.device)
-        chunk = policy.logit_chunk(config.logit_chunk)
+        chunk = policy.logit_chunk(config.logit_chunk, batch["completion_ids"].numel())
         if chosen and policy.checkpoint_pass(batch, chunk):
             self.checkpointed += 1
         # The wrapper reduces the gradients after the last pass only.

@@ -289,14 +289,14 @@ class Policy:
             self._recomputing = recompute
         return recompute
 
-    def logit_chunk(self, configured: int) -> int:
-        """The positions a chunk of a training pass's logits takes: `configured`, or fewer
-        under "auto" (one process, below CHECKPOINTING_FROM parameters) where a chunk's logits
-        would take more than LOGIT_SHARE of the memory free."""
+    def logit_chunk(self, configured: int, positions: int) -> int:
+        """The positions a chunk of the logits of a training pass predicting `positions` tokens
+        takes: `configured`, or fewer under "auto" (one process, below CHECKPOINTING_FROM
+        parameters) where a chunk's logits would take more than LOGIT_SHARE of the memory free."""
         if not self.auto_checkpointing:
             return configured
         chunk = fit_logit_chunk(self, configured)
-        if chunk < configured:
+        if chunk < min(configured, positions):  # a pass it splits, not one shorter anyway
             self.shortened_logit_chunk = (chunk, configured)
         return chunk
 
