@@ -16,6 +16,7 @@ from trainer.activations import (
     LOGIT_CHUNK_FLOOR,
     LOGIT_SHARE,
     PROBE_CHUNK,
+    fit_logit_chunk,
     free_memory,
     measure_policy,
     saved_bytes,
@@ -178,14 +179,14 @@ def test_auto_shortens_the_logit_chunk_to_what_memory_holds(
         (1 << 20, LOGIT_CHUNK_FLOOR),  # 1 MiB: the floor
     ):
         policy.memory_free = lambda device, free=free: free
-        assert policy.logit_chunk(2048, 4096) == expected
+        assert fit_logit_chunk(policy, 2048, 4096) == expected
     # Said only for a pass the shorter chunk splits: one of 200 positions is one chunk anyway.
     policy.shortened_logit_chunk = None
-    assert policy.logit_chunk(2048, 200) == LOGIT_CHUNK_FLOOR
+    assert fit_logit_chunk(policy, 2048, 200) == LOGIT_CHUNK_FLOOR
     assert policy.shortened_logit_chunk is not None
     policy.shortened_logit_chunk = None
     policy.memory_free = lambda device: int(300 * chunk_bytes / LOGIT_SHARE) + 1
-    assert policy.logit_chunk(2048, 200) == 300 and policy.shortened_logit_chunk is None
+    assert fit_logit_chunk(policy, 2048, 200) == 300 and policy.shortened_logit_chunk is None
     # A step whose passes the shorter chunk splits says so, once (chunked log-probs equal the
     # whole ones: tests/test_trainer.py).
     from test_trainer import tiny_groups
@@ -198,7 +199,9 @@ def test_auto_shortens_the_logit_chunk_to_what_memory_holds(
     assert caplog.text.count("logits computed 4 positions a chunk, not logit_chunk 2048") == 1
     off = Policy.load(tiny_model, PolicyConfig(reference=False, gradient_checkpointing="off"))
     off.memory_free = lambda device: 1 << 20
-    assert off.logit_chunk(2048, 4096) == 2048  # "on" and "off" leave the configured chunk alone
+    assert (
+        fit_logit_chunk(off, 2048, 4096) == 2048
+    )  # "on" and "off" leave the configured chunk alone
 
 
 def test_on_and_off_are_kept_whatever_the_memory(tiny_model: str) -> None:

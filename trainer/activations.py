@@ -18,7 +18,7 @@ and vocabulary entry. A pass is checkpointed when its estimate is more than `SHA
 memory free before it.
 
 The logits have a knob of their own. A chunk of 2,048 positions of Qwen2.5's 152k vocabulary
-peaks at 3.6 GB, whatever the decoder keeps, so "auto" also shortens the chunk (never below
+peaks at 3.5 GiB, whatever the decoder keeps, so "auto" also shortens the chunk (never below
 LOGIT_CHUNK_FLOOR) until its peak is at most LOGIT_SHARE of the memory free: no cost while
 memory is ample, and where it is short each chunk is recomputed in the backward pass (a second
 run of the vocabulary projection) instead of the process being killed.
@@ -48,6 +48,8 @@ class Policy(Protocol):
     tokenizer: Any
     activation_cost: dict[bool, ActivationCost]
     recomputed_memory: tuple[float, int] | None
+    shortened_logit_chunk: tuple[int, int] | None
+    auto_checkpointing: bool
     memory_free: Callable[[torch.device], int | None]
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]: ...
@@ -132,15 +134,20 @@ def pass_needs_recompute(policy: Policy, batch: dict[str, torch.Tensor], logit_c
     return True
 
 
-def fit_logit_chunk(policy: Policy, logit_chunk: int) -> int:
-    """`logit_chunk`, or fewer positions (LOGIT_CHUNK_FLOOR at least) where a chunk's logits
-    would peak at more than LOGIT_SHARE of the memory free; as given where that cannot be read."""
-    free = policy.memory_free(policy.device)
+def fit_logit_chunk(policy: Policy, logit_chunk: int, positions: int) -> int:
+    """The positions a chunk of the logits of `policy`'s pass predicting `positions` tokens
+    takes: `logit_chunk`, or under "auto" (`policy.auto_checkpointing`) fewer, LOGIT_CHUNK_FLOOR
+    at least, where a chunk would peak at more than LOGIT_SHARE of the memory free; as given
+    where that cannot be read. A chunk that splits the pass is kept for the log."""
+    free = policy.memory_free(policy.device) if policy.auto_checkpointing else None
     if free is None:
         return logit_chunk
     vocabulary = policy.model.get_output_embeddings().weight.shape[0]
     fits = int(LOGIT_SHARE * free // (LOGIT_BYTES * vocabulary))
-    return min(logit_chunk, max(LOGIT_CHUNK_FLOOR, fits))
+    chunk = min(logit_chunk, max(LOGIT_CHUNK_FLOOR, fits))
+    if chunk < min(logit_chunk, positions):  # a pass it splits, not one shorter anyway
+        policy.shortened_logit_chunk = (chunk, logit_chunk)
+    return chunk
 
 
 def measure_policy(policy: Policy, packed: bool) -> ActivationCost:

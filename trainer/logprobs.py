@@ -35,7 +35,7 @@ Row = tuple[list[int], list[int], list[float] | None]
 NUCLEUS_SEARCH = 1024
 # Positions whose nucleus reaches past NUCLEUS_SEARCH are sorted this many at a time: a sort of a
 # whole chunk of near-flat positions took 25 bytes a position and vocabulary entry (values,
-# int64 indices, exp, cumsum), 7.5 GB for 2,048 positions of Qwen's 152k vocabulary; in groups
+# int64 indices, exp, cumsum), 7.3 GiB for 2,048 positions of Qwen's 152k vocabulary; in groups
 # the chunk's peak is its logits' (12 bytes with the backward pass), as when top_p is 1.
 NUCLEUS_SORT_ROWS = 64
 

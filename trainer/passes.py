@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainer.activations import fit_logit_chunk
 from trainer.logprobs import (
     Row,
     completion_logprobs,
@@ -44,7 +45,7 @@ class Passes:
         policy, config, parallel = self.policy, self.config, self.policy.parallel
         chosen = [i for pack in packs for i in pack]
         batch = pass_batch(self.rows, packs, self.pad, policy.device)
-        chunk = policy.logit_chunk(config.logit_chunk, batch["completion_ids"].numel())
+        chunk = fit_logit_chunk(policy, config.logit_chunk, batch["completion_ids"].numel())
         if chosen and policy.checkpoint_pass(batch, chunk):
             self.checkpointed += 1
         # The wrapper reduces the gradients after the last pass only.

@@ -38,12 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.activations import (
-    ActivationCost,
-    fit_logit_chunk,
-    free_memory,
-    pass_needs_recompute,
-)
+from trainer.activations import ActivationCost, free_memory, pass_needs_recompute
 from trainer.distributed import ALONE, Parallel, decoder_layers
 from trainer.logprobs import TokenLogprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
@@ -288,17 +283,6 @@ class Policy:
             _recompute(self.model, recompute)
             self._recomputing = recompute
         return recompute
-
-    def logit_chunk(self, configured: int, positions: int) -> int:
-        """The positions a chunk of the logits of a training pass predicting `positions` tokens
-        takes: `configured`, or fewer under "auto" (one process, below CHECKPOINTING_FROM
-        parameters) where a chunk's logits would take more than LOGIT_SHARE of the memory free."""
-        if not self.auto_checkpointing:
-            return configured
-        chunk = fit_logit_chunk(self, configured)
-        if chunk < min(configured, positions):  # a pass it splits, not one shorter anyway
-            self.shortened_logit_chunk = (chunk, configured)
-        return chunk
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
