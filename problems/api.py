@@ -180,6 +180,15 @@ class Problem(ABC):
         code alone."""
         return None
 
+    def admit(self, code: str) -> str:
+        """The program the sandbox runs for the candidate `code`, or ValueError with a one-line
+        reason the model can act on when the problem refuses it before any process starts. By
+        default every program is run as written. A problem whose candidates are a small language
+        (equation discovery: one expression) reads the text and writes the program itself, so
+        nothing the candidate wrote runs as written. Must be idempotent: what it returns, admitted
+        again, is the same text (a stored program re-scores as it scored)."""
+        return code
+
     def calls(self) -> Sequence[Call]:
         """The calls to make; by default one call without arguments that scores every objective."""
         return (Call("main", (), tuple(o.name for o in self.objectives)),)

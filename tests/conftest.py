@@ -39,6 +39,7 @@ from harness.evaluation import zygote
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 from harness.store.models import GroupDraft, Program, RolloutGroup, Trajectory
+from problems.equation_discovery import EquationDiscovery
 
 # Campaigns in the tests run vLLM in process on a tiny model (the default backend): 1 GiB of KV
 # cache holds far more than they ask for, where the default 4 GiB per engine would add up when
@@ -54,6 +55,16 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 PROJECT = Path(__file__).resolve().parents[1]
+
+
+class AsWritten(EquationDiscovery):
+    """Equation discovery with its grammar taken away: the program runs as written. For the
+    tests of what stands behind the grammar (the sandbox, the split of the fit from the
+    predictions, the scorer's checks), which hostile programs the grammar refuses would never
+    reach otherwise. The real problem refuses every one of them before a process starts."""
+
+    def admit(self, code: str) -> str:
+        return code
 
 INSTALL_HINT = (
     "PostgreSQL server binaries not found; install them with `apt-get install postgresql` "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_a_candidates_sight
+from conftest import AsWritten, in_a_candidates_sight
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +32,6 @@ from problems.equation_discovery import (
     LogFit,
     dataset,
 )
-from problems.equation_discovery import size as equation_size
 from problems.registry import ProblemLoadError, load
 
 ROOT = Path(__file__).parents[1]
@@ -43,6 +42,8 @@ BETTER = (
     HEADER + "    return params[0] * x + params[1] * v**3 + params[2] * x**3 + params[3] * x * v\n"
 )
 SEED_BODY = "    return params[0] * x + params[1] * v + params[2]\n"
+# An equation the grammar accepts whose training error is not finite (log of a negative).
+NOT_FINITE = HEADER + "    return params[0] * x + np.log(-1.0 - x**2)\n"
 SEED_FIT = HEADER + SEED_BODY
 # LLM-SR's reference floor: its initial skeletons fitted with BFGS from ones
 # (the reference notes in docs/problems.md).
@@ -292,63 +293,6 @@ def test_the_fits_own_answer_is_never_scored() -> None:
         problem.score(problem.calls()[0], value)
 
 
-# --- simplicity, from the syntax tree -----------------------------------------------------------
-
-
-def eq(body: str, before: str = "") -> str:
-    return f"import numpy as np\n{before}\n\ndef equation(x, v, params):\n    {body}\n"
-
-
-@pytest.mark.parametrize(
-    "code,expected",
-    [
-        (SEED_FIT, 7),  # 2 products, 2 sums, 3 params
-        (BETTER, 16),
-        (eq("return x"), 0),
-        (eq('"""A docstring, free."""\n    return x'), 0),
-        (eq("return params[0] * x + 1.5 * v"), 5),  # a literal costs what a param costs
-        (eq("return params[0] * x + params[1] * v"), 5),
-        (eq("return -1.5 * x"), 2),  # a negative number is one literal
-        (eq("return params[-1] * x + params[9] * v"), 4),  # params[-1] is params[9]
-        (eq("return params[0] * x + params[0] * v"), 4),  # one param, used twice
-        (eq("a, b = params[2:4]\n    return a * x + b"), 4),  # 2 params, 2 operators
-        (eq("return np.sin(params[0] * x)"), 3),  # a call, a product, a param
-        (eq("return np.polyval(params, x)"), 11),  # the bare vector: all ten
-        (eq("i = 3\n    return params[i] * x"), 12),  # a computed index: all ten
-        (eq("return params[10] * x"), 11),  # out of range: all ten
-        (eq("return params[0] * x if x.sum() > 0 else v"), 6),
-        (eq("return helper(x)", "def helper(x):\n    return 2.0 * x"), 3),
-        (eq("return x", "def unused(x):\n    return 2.0 * x + 3.0"), 4),  # costs, called or not
-        (eq("return x", "K = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]"), 10),
-        (eq("return x", "if __name__ == 'main':\n    pass"), 5),
-        ("def equation(x, v, p):\n    return p[0] * x + p[1]\n", 4),  # any name for params
-        (eq("return eval('params[0] * x')"), 1 + len("params[0] * x")),  # text costs its length
-    ],
-)
-def test_size_counts_operators_literals_and_params(code: str, expected: int) -> None:
-    assert equation_size.size(code) == expected
-
-
-def test_code_hidden_in_text_costs_more_than_written_out() -> None:
-    written = eq("return params[0] * x * np.exp(params[1] * v)")
-    hidden = eq("return eval('params[0] * x * np.exp(params[1] * v)')")
-    packed = eq("return pickle.loads(" + repr(b"\x80" * 40) + ")(x)")
-    assert equation_size.size(written) < equation_size.size(hidden)
-    assert equation_size.size(packed) > 40
-
-
-@pytest.mark.parametrize("code", ["def equation(:", "x = 1\n", "equation = lambda x, v, p: x\n"])
-def test_no_size_scores_no_simplicity(code: str) -> None:
-    assert equation_size.size(code) is None and equation_size.simplicity(None) == 0.0
-
-
-@given(st.integers(0, 10**6), st.integers(0, 10**6))
-def test_simplicity_is_in_0_1_and_smaller_scores_more(a: int, b: int) -> None:
-    small, large = sorted((a, b))
-    assert 0 < equation_size.simplicity(large) <= equation_size.simplicity(small) <= 1
-    assert equation_size.simplicity(0) == 1.0 and equation_size.simplicity(10) == 0.5
-
-
 # --- through the real sandbox -------------------------------------------------------------------
 
 
@@ -450,8 +394,9 @@ HOSTILE = {
 
 @pytest.fixture(scope="module")
 def hostile(sandbox: Sandbox) -> dict[str, Evaluation]:
-    """All hostile programs on oscillator1 in one parallel batch."""
-    problem = EquationDiscovery("oscillator1")
+    """All hostile programs on oscillator1 in one parallel batch, run as written (the grammar
+    refuses most of them: `test_the_grammar_refuses_or_zeroes_every_hostile_program`)."""
+    problem = AsWritten("oscillator1")
     codes = [code for code, _ in HOSTILE.values()]
     return dict(zip(HOSTILE, evaluate_many(problem, codes, sandbox), strict=True))
 
@@ -465,7 +410,7 @@ def test_hostile_programs_score_zero_with_a_reason(
 
 def test_sleeping_past_the_time_limit_is_a_timeout(sandbox: Sandbox) -> None:
     code = "import time\n" + HEADER + "    time.sleep(60)\n    return params[0] * x\n"
-    evaluation = evaluate(EquationDiscovery("oscillator1"), code, sandbox, Limits(3.0))
+    evaluation = evaluate(AsWritten("oscillator1"), code, sandbox, Limits(3.0))
     assert evaluation.status == "timeout"
     assert_zero_with_reason(evaluation, "timed out after 3.0 s")
 
@@ -481,7 +426,7 @@ def test_printing_claims_and_mutating_arguments_change_nothing(sandbox: Sandbox)
         "    params[:] = 0\n"
         "    return result\n"
     )
-    problem = EquationDiscovery("oscillator1")
+    problem = AsWritten("oscillator1")
     seed, printed, mutated = evaluate_many(
         problem, [problem.seed_program, claims, mutating], sandbox
     )
@@ -490,15 +435,28 @@ def test_printing_claims_and_mutating_arguments_change_nothing(sandbox: Sandbox)
     assert mutated.status == "ok" and mutated.raw == seed.raw
 
 
-def test_an_equation_may_import_inside_itself(sandbox: Sandbox) -> None:
-    """The guard refuses data files, not imports: scipy.special loads during the fit."""
+def test_the_grammar_refuses_or_zeroes_every_hostile_program(sandbox: Sandbox) -> None:
+    """The real problem: each hostile program is refused before any process starts (a one-line
+    reason, nothing run) or, where it is an equation after all, scores 0 with its reason."""
+    problem = EquationDiscovery("oscillator1")
+    codes = [code for code, _ in HOSTILE.values()]
+    found = dict(zip(HOSTILE, evaluate_many(problem, codes, sandbox), strict=True))
+    for case, evaluation in found.items():
+        assert set(evaluation.scores.values()) == {0.0}, case
+        assert evaluation.reason and "\n" not in evaluation.reason, case
+        if evaluation.reason.startswith("refused before running: "):
+            assert evaluation.artifacts == {}, case  # no process ran
+    ran = {case for case, e in found.items() if not e.reason.startswith("refused")}  # type: ignore[union-attr]
+    assert ran == {"a scalar"}  # `return params[0]`: an equation, of the wrong shape
+
+
+def test_an_import_inside_the_equation_is_refused() -> None:
     code = HEADER + (
         "    from scipy.special import erf\n"
         "    return params[0] * erf(params[1] * x) + params[2] * v + params[3] * x**3\n"
     )
-    evaluation = evaluate(EquationDiscovery("oscillator1"), code, sandbox)
-    assert evaluation.status == "ok", evaluation.reason
-    assert evaluation.scores["fit_id"] > 0.0
+    with pytest.raises(ValueError, match="an import in `equation`"):
+        EquationDiscovery("oscillator1").admit(code)
 
 
 # Module-level code runs before the driver's guard: it looks for the test targets on disk (by
@@ -552,7 +510,7 @@ def test_the_sandbox_hides_the_test_targets(sandbox: Sandbox) -> None:
     scores where the sandbox hides them (its default). In sight means a copy outside /tmp when the
     checkout lies there: every candidate has a private /tmp, hidden data or not."""
 
-    class Exposed(EquationDiscovery):
+    class Exposed(AsWritten):
         def private_paths(self) -> tuple[str, ...]:
             return ()
 
@@ -563,7 +521,7 @@ def test_the_sandbox_hides_the_test_targets(sandbox: Sandbox) -> None:
         stolen = evaluate(Exposed("oscillator1"), steal_targets(data.parents[1]), exposed)
     assert stolen.status == "ok" and "stolen" in stolen.artifacts["fit"]["stdout"]
     assert stolen.scores["fit_id"] > 2.5 and stolen.scores["fit_ood"] > 1  # far above LLM-SR
-    evaluation = evaluate(EquationDiscovery("oscillator1"), steal_targets(DATA.parent), sandbox)
+    evaluation = evaluate(AsWritten("oscillator1"), steal_targets(DATA.parent), sandbox)
     assert evaluation.status == "ok", evaluation.reason
     assert "nothing found" in evaluation.artifacts["fit"]["stdout"]
     seed = evaluate(EquationDiscovery("oscillator1"), EquationDiscovery().seed_program, sandbox)
@@ -592,7 +550,7 @@ def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
     campaign_id = store.create_campaign("manual", problem.name, config.to_dict(), 0)
     text = "".join(
         f"<candidate_{i}>\n```python\n{code}```\n</candidate_{i}>\n"
-        for i, code in enumerate((BETTER, HOSTILE["nan"][0]), start=1)
+        for i, code in enumerate((BETTER, NOT_FINITE), start=1)
     )
     with Sandbox(workers=2) as box:
         campaign = prepare(config, store, problem, campaign_id, box)
@@ -637,7 +595,10 @@ def test_an_equations_family_ignores_how_its_constants_are_written() -> None:
     # What it cannot read has no key (compared by code alone); nothing is evaluated.
     for unread in ("x if v else 1", "__import__('os').system('true')", "params[i] * x", "x +"):
         assert family_key(unread, inputs) is None, unread
-    assert family_key(" * ".join(["(x + v)"] * 12), inputs) is None  # 2^12 terms: too many
+    # Like terms are collected as the product grows: (x + v) ** 12 written out is 13 terms.
+    assert family_key(" * ".join(["(x + v)"] * 12), inputs).count("+") == 12  # type: ignore[union-attr]
+    wide = "(" + " + ".join(f"x ** {k}" for k in range(1, 18)) + ")"
+    assert family_key(f"{wide} * {wide}", inputs) is None  # 17 x 17 products: too many
 
 
 @settings(max_examples=300, deadline=None)

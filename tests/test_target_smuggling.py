@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from conftest import AsWritten
 
 from harness.evaluation.evaluate import evaluate, evaluate_many
 from harness.evaluation.sandbox import Sandbox
@@ -229,7 +230,7 @@ def _vpo_ed_both(train_inputs, train_target, maxiter, id_inputs, ood_inputs):
 """
 
 
-class OneProcess(EquationDiscovery):
+class OneProcess(AsWritten):
     """The control: the fit and the predictions in one process, the training targets there."""
 
     driver = DRIVER + ONE_PROCESS
@@ -257,8 +258,9 @@ def sandbox() -> Iterator[Sandbox]:
 
 @pytest.fixture(scope="module")
 def split(sandbox: Sandbox) -> dict[str, Evaluation]:
-    """Every smuggler as the problem scores it, in one batch."""
-    problem = EquationDiscovery("oscillator1")
+    """Every smuggler as the problem scores it, in one batch, run as written (the grammar would
+    refuse each before it ran: this is the line of defence behind it)."""
+    problem = AsWritten("oscillator1")
     codes = [smuggler(channel) for channel in CHANNELS] + [BY_THE_CONSTANTS, FITTED_HONESTLY]
     found = evaluate_many(problem, codes, sandbox)
     return dict(zip([*CHANNELS, "the constants", "fitted"], found, strict=True))
@@ -319,7 +321,7 @@ def test_ten_constants_carry_what_fitting_them_gives(split: dict[str, Evaluation
 def test_the_predicting_process_holds_no_target(sandbox: Sandbox) -> None:
     data = dataset("oscillator1")
     told = {split: data[split].target[:3].tolist() for split in ("train", "test_id", "test_ood")}
-    problem = EquationDiscovery("oscillator1")
+    problem = AsWritten("oscillator1")
     evaluation = evaluate(problem, SEARCH.format(told=told), sandbox)
     assert evaluation.status == "ok", evaluation.reason
     _isolated(evaluation)

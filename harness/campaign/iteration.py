@@ -142,11 +142,17 @@ def classify_group(
     known = _Known(parent_code, seen, entry, family, memory, island, batch or BatchKeys())
     rollouts = []
     for text in texts:
-        parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
+        try:
+            parsed = {c.index: c for c in parse_completion(text, candidates, parent_code)}
+        except Exception as exc:  # the parser's failure on this text: every slot unparsed
+            reason = f"the harness could not parse this completion: {type(exc).__name__}: {exc}"
+            parsed = {
+                i: ParsedCandidate(i, None, "none", reason[:200]) for i in range(1, candidates + 1)
+            }
         if expand is not None:
             parsed = {index: expanded(c, expand) for index, c in parsed.items()}
         classified = [
-            known.classify(index, parsed.get(index)) for index in range(1, candidates + 1)
+            _classified(known, index, parsed.get(index)) for index in range(1, candidates + 1)
         ]
         errors = [
             f"{c.index}: {'NUL byte' if c.reason == NUL_REASON else c.reason}"
@@ -192,7 +198,7 @@ class _Known:
         self.fresh: set[str] = set()
         self.parent_hash = code_hash(parent_code)
         self.parent_key = entry_key(parent_code, entry) if entry else None
-        self.parent_family = family(parent_code) if family else None
+        self.parent_family = _family_or_none(family, parent_code)
 
     def classify(self, index: int, candidate: ParsedCandidate | None) -> Candidate:
         if candidate is None or candidate.code is None:
@@ -212,7 +218,7 @@ class _Known:
         if lazy or digest in self.fresh:
             return Candidate(index, "duplicate", code, digest, lazy=lazy)
         tree = tree_key(code, self.entry) if self.memory is not None else None
-        kind = self.family(code) if self.family else None
+        kind = _family_or_none(self.family, code)
         repeated = self.repeats(index, code, tree, kind)
         if repeated is not None:
             return repeated
@@ -263,15 +269,39 @@ class _Known:
         )
 
 
+def _family_or_none(family: Callable[[str], str | None] | None, code: str) -> str | None:
+    """The family of `code`, or None (compared by code alone) where the problem has none or its
+    key failed on this text."""
+    if family is None:
+        return None
+    try:
+        return family(code)
+    except Exception:
+        return None
+
+
+def _classified(known: _Known, index: int, candidate: ParsedCandidate | None) -> Candidate:
+    """`known.classify`, with a failure of any trusted reader of the model's text (a tree key,
+    a family, a similarity) recorded as that candidate's refusal: no answer ends a campaign."""
+    try:
+        return known.classify(index, candidate)
+    except Exception as exc:
+        reason = f"the harness could not read this candidate: {type(exc).__name__}: {exc}"
+        return Candidate(index, "unparsed", reason=reason[:MAX_PARSE_ERROR_CHARS])
+
+
 def expanded(candidate: ParsedCandidate, expand: Callable[[str], str]) -> ParsedCandidate:
-    """A parsed candidate in a compact form as the program it stands for, or unparsed with the
-    form's reason."""
+    """A parsed candidate as the program it stands for (a compact form's `program`, or the
+    problem's `admit`), or unparsed with the reason it was refused."""
     if candidate.code is None:
         return candidate
     try:
         return replace(candidate, code=expand(candidate.code))
     except ValueError as error:
         return replace(candidate, code=None, kind="none", error=str(error))
+    except Exception as exc:  # a reader's failure refuses this candidate, not the campaign
+        error = f"the harness could not read this candidate: {type(exc).__name__}: {exc}"
+        return replace(candidate, code=None, kind="none", error=error[:MAX_PARSE_ERROR_CHARS])
 
 
 def rollout_records(

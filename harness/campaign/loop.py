@@ -367,7 +367,7 @@ def evaluate_and_store(
             sampled.parent.code,
             _Either(campaign.seen, fresh),
             campaign.problem.entry,
-            campaign.compact.program if campaign.compact else None,
+            campaign.compact.program if campaign.compact else campaign.problem.admit,
             family=campaign.problem.family,
             memory=campaign.novelty,
             island=sampled.selection.island,

@@ -60,7 +60,10 @@ class Novelty:
         if key is not None:
             self.trees.setdefault(key, code_hash)
         if self.family is not None:
-            kind = self.family(code)
+            try:
+                kind = self.family(code)
+            except Exception:  # a key that fails on a stored text: that program has none
+                kind = None
             if kind is not None:
                 self.families.setdefault(kind, code_hash)
         if self.near < 1.0:

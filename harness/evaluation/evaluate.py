@@ -37,13 +37,25 @@ def evaluate_many(
 ) -> list[Evaluation]:
     """Evaluate several programs, all their calls in one parallel batch to keep workers busy.
 
+    Each program is first admitted by the problem (`Problem.admit`): one it refuses is `invalid`
+    with the reason, and never reaches a process; what runs is the admitted program.
+
     A call the problem follows up (`Problem.follow_up`) runs its next stage in a fresh process,
     every program's next stages again in one batch; the last stage's data are scored."""
     calls = list(problem.calls())
     limits = limits or limits_for(problem)
     private = tuple(problem.private_paths())
+    refused: dict[int, str] = {}
+    codes = list(codes)
+    for i, code in enumerate(codes):
+        try:
+            codes[i] = problem.admit(code)
+        except ValueError as exc:
+            refused[i] = one_line(f"refused before running: {exc}")
+        except Exception as exc:  # the problem's reader failed on it: a refusal all the same
+            refused[i] = f"refused before running: the problem could not read it: {_exc_line(exc)}"
     # one chain per (program, call): (index of the program, the call as first made)
-    chains = [(i, call) for i in range(len(codes)) for call in calls]
+    chains = [(i, call) for i in range(len(codes)) if i not in refused for call in calls]
     current: list[Call | None] = [call for _, call in chains]
     results: list[tuple[Status, dict[str, float], str | None] | None] = [None] * len(chains)
     artifacts: list[dict[str, Any]] = [{} for _ in codes]
@@ -87,6 +99,9 @@ def evaluate_many(
                 current[k] = following
     evaluations = []
     for index in range(len(codes)):
+        if index in refused:
+            evaluations.append(problem.empty_evaluation("invalid", refused[index]))
+            continue
         mine = {first.key: results[k] for k, (i, first) in enumerate(chains) if i == index}
         assert all(result is not None for result in mine.values())
         evaluations.append(combine(problem, mine, seconds[index], artifacts[index]))  # type: ignore[arg-type]

@@ -33,9 +33,9 @@ Reward vector:
   gives a policy a signal to learn from before the seed is beaten. NMSE spans eight orders of
   magnitude across methods, so a ratio would give nothing to everything but the best. Beating
   LLM-SR scores above 1.
-- simplicity: HALF / (HALF + size) (problems/equation_discovery/size.py), size = operators +
-  literals + parameters read from the program's syntax tree here, never from running it; a
-  literal costs what a fitted constant costs. 0 unless the in-domain NMSE is at most half of the
+- simplicity: HALF / (HALF + size) (grammar.size), size = operators + literals + params of
+  the expression, each once per use, read from the grammar's tree here, never from running it;
+  a literal costs what a fitted constant costs. 0 unless the in-domain NMSE is at most half of the
   seed's (or of 1 where the seed does worse), so `params[0] + 0 * x` cannot win it.
 
 Data: LLM-SR's CSVs (github.com/deep-symbolic-mathematics/LLM-SR, data/, MIT licence in
@@ -54,9 +54,9 @@ from typing import Any
 import numpy as np
 
 from problems.api import MAX_SCORE, Anchor, Call, Infeasible, Objective, Problem
-from problems.equation_discovery import size as equation_size
+from problems.equation_discovery import grammar
 from problems.equation_discovery.expression import Expression
-from problems.equation_discovery.family import family_key
+from problems.equation_discovery.family import key_of
 
 DATA = Path(__file__).parent / "data"
 DRIVER = (Path(__file__).parent / "driver.py").read_text()
@@ -198,6 +198,9 @@ given data on {given}. Write a Python function
 {arguments}
     params: an array of {nparams} numeric constants (see below)
 It returns the {target} for each observation: an array with one value per row of the inputs.
+Its body is assignments to names and one final `return`, built only from the inputs,
+params[0] ... params[{last}] (each with a number as its index), numbers, + - * / ** and {functions};
+no other imports, calls, loops, conditions or helper functions.
 """
 
 EXPRESSION_ASK = """\
@@ -210,8 +213,8 @@ given data on {given}. Write it as one Python expression, the body of
 {arguments}
     params: an array of {nparams} numeric constants (see below)
 The expression gives the {target} for each observation (one value per row of the inputs),
-using the inputs, params[0] ... params[{last}] and numpy as np, for instance
-`{example}` (a form, not an answer).
+using only the inputs, params[0] ... params[{last}], numbers, + - * / ** and {functions},
+for instance `{example}` (a form, not an answer).
 """
 
 SCORING = """
@@ -222,7 +225,7 @@ equation, a skeleton with params[0] ... params[{last}] where its constants belon
 do not use are ignored. Think about the physical meaning of the variables: the starting
 equation is linear, and the real one has terms it misses (powers, products of the inputs,
 exponentials, trigonometric or rational terms). numpy is available
-as np (import what you use). The fit runs in its own process with a time limit of {limit:g}
+as np. The fit runs in its own process with a time limit of {limit:g}
 seconds and evaluates the equation on {rows:,} rows some thousands of times, so keep it
 vectorised. The predictions are then made in a fresh process from the fitted params alone, so
 `equation` must compute the same values there as during the fit.
@@ -231,9 +234,10 @@ The fitted equation is then scored on held-out data by its normalised mean squar
 NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2), lower is better:
 - fit_id: NMSE on test points from the training region;
 - fit_ood: NMSE on test points outside it, {ood};
-- simplicity: {half}/({half} + size), where size counts the operators, function calls, literal
-  constants and entries of params the program uses (a written constant costs what a fitted one
-  does); it counts only when the in-domain NMSE is at most {gate:.3g}, else it is 0.
+- simplicity: {half}/({half} + size), where size counts each operator, function call, number
+  and params[k] of the returned expression once per use, names assigned before written out (a
+  written constant costs what a fitted one does); it counts only when the in-domain NMSE is at
+  most {gate:.3g}, else it is 0.
 Fit scores are logarithmic in the NMSE: 0 at 1 (what predicting the mean scores) or worse;
 the starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain); 1 at
 {best_id:.3g} and {best_ood:.3g}, the best published results; above 1 beats them. Every
@@ -249,7 +253,7 @@ products of the inputs, exponentials, trigonometric or rational terms).
 Scores are on held-out data, from NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2) on a
 log scale: 0 at NMSE 1 (predicting the mean), 1 at the best published result.
 - fit_id: in the training region; fit_ood: outside it, {ood};
-- simplicity: {half}/({half} + size), size = the operators, calls, literals and params used;
+- simplicity: {half}/({half} + size), size = each operator, call, number and params[k] used;
   only when the in-domain NMSE is at most {gate:.3g}, else 0.
 The starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain).
 """
@@ -368,7 +372,7 @@ class EquationDiscovery(Problem):
                 "max",
                 1.0,
                 "by definition: an equation of size 0 (an input returned as it is)",
-                f"{equation_size.HALF} / ({equation_size.HALF} + operators + literals +"
+                f"{grammar.HALF} / ({grammar.HALF} + operators + literals +"
                 f" params used), when the in-domain NMSE is at most {self.simplicity_gate:.3g},"
                 " else 0",
             ),
@@ -382,7 +386,7 @@ class EquationDiscovery(Problem):
             arguments="\n".join(f"    {name}: {meaning}" for name, meaning in spec.inputs),
             target=spec.target,
             nparams=NPARAMS,
-            half=equation_size.HALF,
+            half=grammar.HALF,
             last=NPARAMS - 1,
             maxiter=MAXITER,
             limit=TIME_LIMIT,
@@ -394,23 +398,34 @@ class EquationDiscovery(Problem):
             best_id=fit_id.best_known,
             best_ood=fit_ood.best_known,
             example=example,
+            functions=", ".join(f"np.{name}" for name in grammar.STATED),
         )
         self.description = DESCRIPTION.format(**facts)
-        self.seed_program = _program(
-            spec, spec.seed, f"{spec.target.capitalize()}: LLM-SR's starting equation, linear."
-        )
         self.compact = Expression(
             tuple(names),
             COMPACT_DESCRIPTION.format(**facts),
             example,
             lambda body: _program(spec, body, f"{spec.target.capitalize()}."),
         )
+        self.seed_program = self.compact.program(spec.seed)
+
+    def admit(self, code: str) -> str:
+        """The harness's program for a candidate the grammar accepts (grammar.py), written from
+        the parsed expression; ValueError (grammar.Refused) with the reason otherwise."""
+        return self.compact.program(code)
+
+    def read(self, code: str) -> grammar.Equation | None:
+        """The equation a program states, or None where the grammar refuses it."""
+        try:
+            return grammar.read(code, self.compact.inputs)
+        except grammar.Refused:
+            return None
 
     def family(self, code: str) -> str | None:
-        """The equation family of the expression `equation` returns (family.py); None for a
-        program of another shape."""
-        part = self.compact.part(code)
-        return None if part is None else family_key(part, self.compact.inputs)
+        """The equation family of the expression `code` states (family.py); None for a text
+        the grammar refuses or an expansion too large to key."""
+        equation = self.read(code)
+        return None if equation is None else key_of(equation.tree, self.compact.inputs)
 
     def calls(self) -> tuple[Call, ...]:
         train = dataset(self.spec.key)["train"]
@@ -437,7 +452,8 @@ class EquationDiscovery(Problem):
             raise Infeasible("the fit's training_mse must be a finite number >= 0")
         data = dataset(self.spec.key)
         inputs = (data["train"].inputs, data["test_id"].inputs, data["test_ood"].inputs)
-        fitted = Fitted(mse, equation_size.size(code, self.entry))
+        equation = self.read(code)
+        fitted = Fitted(mse, None if equation is None else equation.size)
         args = (params.astype(np.float64), *inputs)
         return Call("predict", args, OBJECTIVES, entry="_vpo_ed_predict", context=fitted)
 
@@ -460,7 +476,7 @@ class EquationDiscovery(Problem):
             )
         nmse_id = nmse(value["test_id"], data["test_id"].target, "test_id")
         nmse_ood = nmse(value["test_ood"], data["test_ood"].target, "test_ood")
-        simple = equation_size.simplicity(fitted.size) if nmse_id <= self.simplicity_gate else 0.0
+        simple = grammar.simplicity(fitted.size) if nmse_id <= self.simplicity_gate else 0.0
         return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simple}
 
 
