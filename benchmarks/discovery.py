@@ -237,8 +237,8 @@ def run(
     arm: str, seed: int, args: argparse.Namespace, folder: Path, label: str, probe: str = ""
 ) -> RunResult:
     """One `vpo run` to its end, its iteration lines echoed to stderr, then the `probe` of its
-    versions ("0", "last" or both; "" for none); a failed run stops the benchmark with the tail
-    of its stderr."""
+    versions ("0", "last" or both; "" for none); a failed run is RunFailed with the tail of its
+    stderr, which the grid records and goes on from."""
     db = database(folder, arm, seed)
     log = db.with_suffix(".stderr")
     # --extend: a kept run goes on to the larger budget; its wall clock adds to the first one's.
@@ -272,13 +272,20 @@ def run(
         # `vpo` says what went wrong in one line; otherwise the end of a traceback.
         said = [line for line in lines if line.startswith("vpo: error:")]
         tail = said[-1:] or lines[-STDERR_TAIL_LINES:] or ["nothing on stderr"]
-        raise SystemExit(f"{label} failed (exit {returncode}): " + " / ".join(tail))
+        reason = f"exit {returncode}: " + " / ".join(tail)
+        db.with_suffix(".failed").write_text(reason + "\n")
+        raise RunFailed(reason)
+    db.with_suffix(".failed").unlink(missing_ok=True)  # an earlier try's, now --extended
     if probe:
         print(f"{label} probing version(s) {probe}", file=sys.stderr, flush=True)
         probe_run(db, probe, args.probe_seed)
     result = read_run(arm, seed, db, wall)
     result.save(summary_path(db))
     return result
+
+
+class RunFailed(Exception):
+    """A `vpo run` of the grid that did not finish; the message says why in one line."""
 
 
 def stop(process: subprocess.Popen[str]) -> None:
@@ -401,7 +408,12 @@ def spread(values: Sequence[float], digits: int = 3, *, bounds: bool = True) -> 
     return f"{mean} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 
 
-def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: float) -> str:
+def report(
+    args: argparse.Namespace,
+    runs: dict[str, list[RunResult]],
+    seconds: float,
+    failures: Sequence[tuple[str, int, str]] = (),
+) -> str:
     import torch
 
     objectives = next(iter(runs.values()))[0].objectives
@@ -494,6 +506,10 @@ def report(args: argparse.Namespace, runs: dict[str, list[RunResult]], seconds: 
                 f"{r.tokens_per_s:.1f}",
             ]
             lines.append(f"| {arm} | {r.seed} | " + " | ".join(cells) + " |")
+    if failures:
+        lines += ["", "Runs that failed (left out of every table above):", ""]
+        lines += ["| arm | seed | why |", "|---|---:|---|"]
+        lines += [f"| {arm} | {seed} | {why} |" for arm, seed, why in failures]
     return "\n".join(lines) + "\n"
 
 
@@ -677,11 +693,17 @@ def main() -> None:
     plan = [(arm, seed) for seed in args.seeds for arm in arms]
     if args.report_from:
         runs = {arm: [] for arm in arms}
+        kept_failures = []
         for arm, seed in plan:
+            failed = database(args.report_from, arm, seed).with_suffix(".failed")
+            if failed.exists() and not summary_path(failed.with_suffix(".db")).exists():
+                kept_failures.append((arm, seed, failed.read_text().strip()))
+                continue
             runs[arm].append(kept_run(arm, seed, args.report_from))
+        runs = {arm: results for arm, results in runs.items() if results}
         seconds = sum(r.wall_s for results in runs.values() for r in results)
         plot(args, runs)
-        publish(args.out, report(args, runs, seconds))
+        publish(args.out, report(args, runs, seconds, kept_failures))
         print(f"plot written to {args.plot}")
         return
 
@@ -689,6 +711,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     # Seed by seed, the arms in turn: a machine that slows down mid-way slows every arm.
     runs: dict[str, list[RunResult]] = {arm: [] for arm in arms}
+    failures: list[tuple[str, int, str]] = []  # (arm, seed, why): recorded, never the grid's end
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="vpo-discovery-") as scratch:
         folder = args.keep or Path(scratch)
@@ -721,7 +744,12 @@ def main() -> None:
                 unprobed.discard(m)
             if args.probe and advantage is not None:
                 versions.append("last")
-            result = run(arm, seed, args, folder, label, ",".join(versions))
+            try:
+                result = run(arm, seed, args, folder, label, ",".join(versions))
+            except RunFailed as failed:
+                print(f"{label} failed, the grid goes on: {failed}", file=sys.stderr, flush=True)
+                failures.append((arm, seed, str(failed)))
+                continue
             runs[arm].append(result)
             named = zip(result.objectives, result.best, strict=True)
             best = " ".join(f"{name} {value:.3f}" for name, value in named)
@@ -734,8 +762,13 @@ def main() -> None:
                 flush=True,
             )
     seconds = time.perf_counter() - started
+    runs = {arm: results for arm, results in runs.items() if results}
+    if not runs:
+        raise SystemExit(
+            "every run failed: " + "; ".join(f"{a} seed {s}: {w}" for a, s, w in failures)
+        )
     plot(args, runs)
-    publish(args.out, report(args, runs, seconds))
+    publish(args.out, report(args, runs, seconds, failures))
     print(f"plot written to {args.plot}")
 
 

@@ -105,6 +105,11 @@ def harness_launch(
     )  # fmt: skip
 
 
+class RunFailed(Exception):
+    """One harness's run that did not finish; the message says why in one line. The benchmark
+    records it and goes on with the next run."""
+
+
 def run_one(
     harness: str, problem: str, seed: int, args: argparse.Namespace, folder: Path
 ) -> PeerRun:
@@ -126,7 +131,7 @@ def run_one(
         wall = time.time() - started
     # A peer is killed once its budget is spent; before that, or for vpo, an exit is a failure.
     if process.returncode not in (0, None) and (launch.stops_itself or not ledger.spent_out):
-        raise SystemExit(
+        raise RunFailed(
             f"{harness} seed {seed} on {problem} failed (exit {process.returncode}): "
             f"{tail(folder / 'harness.log')} (all of it: {folder / 'harness.log'})"
         )
@@ -147,7 +152,7 @@ def watch(
         time.sleep(0.5)
         if not ledger.spent_out:
             if time.time() - ledger.last_change > STALL_S:
-                raise SystemExit(f"no model call began or ended for {STALL_S:.0f} s: stalled")
+                raise RunFailed(f"no model call began or ended for {STALL_S:.0f} s: stalled")
             continue
         now = time.time()
         cut_at = cut_at or now
@@ -361,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped by SIGTERM"))
     started, server, runs = time.time(), None, []
+    failures: list[str] = []  # runs that did not finish: recorded, never the benchmark's end
     args.kept_s = 0.0  # the wall clock of runs --resume kept from earlier sessions
     with tempfile.TemporaryDirectory(prefix="vpo-peers-") as scratch:
         folder = args.keep or Path(scratch)
@@ -372,12 +378,23 @@ def main(argv: list[str] | None = None) -> None:
             for seed in args.seeds:
                 for problem in args.problems:
                     for harness in args.harnesses:
-                        runs.append(one(harness, problem, seed, args, folder))
+                        try:
+                            runs.append(one(harness, problem, seed, args, folder))
+                        except RunFailed as failed:
+                            label = f"[{problem} seed {seed} {harness}]"
+                            print(f"{label} failed, going on: {failed}", file=sys.stderr)
+                            failures.append(f"{problem} seed {seed} {harness}: {failed}")
         finally:
             if server is not None:
                 stop(server, graceful=False)
+    if not runs:
+        raise SystemExit("every run failed: " + "; ".join(failures))
     plot(runs, args.plot, f"best against tokens, {args.token_budget} tokens a run, {args.model}")
-    publish(args.out, report(runs, header(args, time.time() - started + args.kept_s)))
+    text = report(runs, header(args, time.time() - started + args.kept_s))
+    if failures:
+        text += "\n\nRuns that failed (left out of every table above):\n\n"
+        text += "\n".join(f"- {line}" for line in failures) + "\n"
+    publish(args.out, text)
     print(f"plot written to {args.plot}")
 
 

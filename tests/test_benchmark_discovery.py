@@ -208,3 +208,41 @@ def test_extend_goes_on_with_kept_runs_only(
     assert started == ["grpo"]
     said = main("--keep", str(tmp_path), "--arms", "vpo", "--seeds", "0")
     assert "already there" in said and "--extend" in said
+
+
+def test_a_failed_run_is_recorded_and_the_grid_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A `vpo run` that ends badly is a row of the report with its reason; the arms and seeds
+    after it still run, and --report-from reads the failure back from the kept folder."""
+    started: list[tuple[str, int]] = []
+
+    def run(arm: str, seed: int, args: object, folder: Path, *rest: object) -> object:
+        started.append((arm, seed))
+        db = discovery.database(folder, arm, seed)
+        if (arm, seed) == ("vpo", 0):
+            db.with_suffix(".failed").write_text("exit 3: vpo: error: a model answer\n")
+            raise discovery.RunFailed("exit 3: vpo: error: a model answer")
+        result = discovery.RunResult(
+            arm, seed, ["fit_id", "fit_ood"], 10.0, 900, 7, 0, 0, 0.0,
+            np.array([0, 120], dtype=np.int64), np.array([[0.1, 0.0], [0.3, 0.2]]),
+            0.05, 0.8, 0.9, 0.7, 28, 0,
+        )  # fmt: skip
+        result.save(discovery.summary_path(db))
+        return result
+
+    monkeypatch.setattr(discovery, "run", run)
+    out, keep = tmp_path / "grid.md", tmp_path / "kept"
+    common = ["--arms", "none,vpo", "--seeds", "0,1", "--out", str(out)]
+    common += ["--plot", str(tmp_path / "grid.png")]
+    monkeypatch.setattr(sys, "argv", ["discovery.py", *common, "--keep", str(keep)])
+    discovery.main()
+    assert started == [("none", 0), ("vpo", 0), ("none", 1), ("vpo", 1)]
+    assert "[2/4 vpo seed 0] failed, the grid goes on: exit 3" in capsys.readouterr().err
+    table = out.read_text()
+    assert "| vpo | 0 | exit 3: vpo: error: a model answer |" in table
+    assert "| vpo | 1 |" in table and "| none | 0 |" in table
+    monkeypatch.setattr(sys, "argv", ["discovery.py", *common, "--report-from", str(keep)])
+    out.unlink()
+    discovery.main()
+    assert "| vpo | 0 | exit 3: vpo: error: a model answer |" in out.read_text()

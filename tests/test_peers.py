@@ -398,3 +398,35 @@ def test_resume_reuses_finished_runs_and_runs_a_cut_one_again(tmp_path: Path) ->
     assert min(redone.tokens, first[1].tokens) >= 3 * TOKENS_PER_ANSWER
     table = (tmp_path / "peers.md").read_text()
     assert "| vpo | 0 |" in table and "| vpo | 1 |" in table
+
+
+def test_a_failed_run_is_recorded_and_the_benchmark_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One harness's run that fails (an exit, a stall) is a line of the report with its
+    reason; the runs after it still run."""
+    started: list[tuple[str, int]] = []
+
+    def run_one(harness: str, problem: str, seed: int, args: Any, folder: Path) -> Any:
+        started.append((harness, seed))
+        folder.mkdir(parents=True)
+        if (harness, seed) == ("vpo", 0):
+            raise peers.RunFailed("vpo seed 0 failed (exit 3): vpo: error: an answer")
+        scores = np.array([[0.2, 0.1, 0.0]])
+        return PeerRun(
+            harness, problem, seed, OBJECTIVES, 6000, np.array([0], dtype=np.int64), scores,
+            4, 1, 6100, 4, 1, 60.0, None, None, None,
+        )  # fmt: skip
+
+    monkeypatch.setattr(peers, "run_one", run_one)
+    out = tmp_path / "peers.md"
+    peers.main(
+        ["--harnesses", "vpo,vpo-train", "--problems", "oscillator1", "--seeds", "0,1",
+         "--base-url", "http://127.0.0.1:1/v1", "--keep", str(tmp_path / "runs"),
+         "--out", str(out), "--plot", str(tmp_path / "peers.png")]
+    )  # fmt: skip
+    assert started == [("vpo", 0), ("vpo-train", 0), ("vpo", 1), ("vpo-train", 1)]
+    assert "failed, going on: vpo seed 0 failed (exit 3)" in capsys.readouterr().err
+    table = out.read_text()
+    assert "Runs that failed" in table
+    assert "- equation_discovery:oscillator1 seed 0 vpo: vpo seed 0 failed (exit 3)" in table
