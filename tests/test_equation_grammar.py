@@ -19,6 +19,8 @@ from harness.campaign.iteration import BatchKeys, classify_group
 from harness.campaign.loop import run_campaign
 from harness.campaign.novelty import Novelty
 from harness.config.settings import build
+from harness.evaluation.evaluate import evaluate_many
+from harness.evaluation.sandbox import Sandbox
 from harness.llm import Completion
 from harness.store import Store
 from problems.equation_discovery import EquationDiscovery, grammar
@@ -359,7 +361,13 @@ def test_a_campaign_records_every_hostile_answer_and_finishes(tmp_path: Path) ->
     programs = store.programs(campaign_id, origin="llm")
     for program in programs:  # every stored program is the harness's writing of an equation
         assert OSCILLATOR.admit(program.code) == program.code
-    assert any(p.status == "ok" for p in programs)
+    scored = [p for p in programs if p.status == "ok"]
+    assert scored
+    # The stored campaign re-scores to the same numbers, bit for bit: the fit is deterministic.
+    with Sandbox(workers=2) as sandbox:
+        again = evaluate_many(OSCILLATOR, [p.code for p in scored], sandbox)
+    for program, evaluation in zip(scored, again, strict=True):
+        assert evaluation.status == "ok" and evaluation.raw == program.raw, program.code
 
 
 def _random_expression(rng: random.Random, depth: int = 0) -> str:
