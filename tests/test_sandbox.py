@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import in_a_candidates_sight, missing_isolation, needs_isolation
+from conftest import missing_isolation, needs_isolation
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -584,7 +584,14 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     if "user-namespace" not in result.stdout:
         missing_isolation(f"user namespaces are not allowed here: {result.stdout}")
     assert result.stdout.startswith("ok [1, 65534]")
-    kinds = ("net-namespace", "pid-namespace", "mount-namespace", "read-only-filesystem", "seccomp")
+    kinds = (
+        "net-namespace",
+        "pid-namespace",
+        "mount-namespace",
+        "minimal-root",
+        "read-only-filesystem",
+        "seccomp",
+    )
     for kind in kinds:
         assert kind in result.stdout
     assert "control groups need root" in result.stdout  # said, not silently missing
@@ -592,42 +599,47 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
 
 @needs_isolation(ROOT, "needs root to start the harness as another user")
 def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
-    """The user-namespace path covers the same paths: the problems' data are gone for the
-    candidate of an unprivileged harness, readable to it when nothing is hidden, and gone again
-    when the call itself names their folder. (Readable: a copy outside /tmp when the checkout
-    lies there, since every candidate has a private /tmp, hidden data or not.)"""
+    """The user-namespace path builds the same root of its own: the problems' data are out of
+    the candidate's sight whether the sandbox names them private or not (the checkout is no
+    folder of this interpreter's), and a call's own private paths cover what the root does show
+    (a file of the standard library, readable to the call beside it)."""
     python = _python_for_nobody()
     if python is None:
         missing_isolation("no Python here that an unprivileged user may run")
     data = PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"
-    with in_a_candidates_sight(data) as in_sight:
-        script = textwrap.dedent(
-            f"""
-            import json, sys
-            sys.path.insert(0, {str(PROJECT)!r})
-            from harness.evaluation.sandbox import Sandbox
-            code = (
-                "def f(path):\\n    try:\\n        return len(open(path, 'rb').read())\\n"
-                "    except OSError as exc:\\n        return type(exc).__name__\\n"
-            )
-            outcomes = []
-            with Sandbox(workers=1, preload=()) as sandbox:
-                outcomes.append(sandbox.run(code, "f", ({str(data)!r},)))
-            with Sandbox(workers=1, preload=(), private_paths=()) as sandbox:
-                outcomes.append(sandbox.run(code, "f", ({str(in_sight)!r},)))
-                private = ({str(in_sight.parent)!r},)
-                outcomes.append(sandbox.run(code, "f", ({str(in_sight)!r},), None, private))
-            print(json.dumps([[o.value, o.isolation, o.warnings] for o in outcomes]))
-            """
+    script = textwrap.dedent(
+        f"""
+        import json, os, sys
+        sys.path.insert(0, {str(PROJECT)!r})
+        from harness.evaluation.sandbox import Sandbox
+        code = (
+            "def f(path):\\n    try:\\n        return len(open(path, 'rb').read())\\n"
+            "    except OSError as exc:\\n        return type(exc).__name__\\n"
         )
-        result = _as_nobody([python, "-c", script])
+        shown = os.path.realpath(os.__file__)
+        outcomes = []
+        with Sandbox(workers=1, preload=()) as sandbox:
+            outcomes.append(sandbox.run(code, "f", ({str(data)!r},)))
+            outcomes.append(sandbox.run(code, "f", (shown,)))
+            outcomes.append(sandbox.run(code, "f", (shown,), None, (shown,)))
+        with Sandbox(workers=1, preload=(), private_paths=()) as sandbox:
+            outcomes.append(sandbox.run(code, "f", ({str(data)!r},)))
+        described = [[o.value, o.isolation, o.warnings] for o in outcomes]
+        print(json.dumps([os.path.getsize(shown), *described]))
+        """
+    )
+    result = _as_nobody([python, "-c", script])
     assert result.returncode == 0, result.stderr
-    (hidden, isolation, warnings), (shown, _, _), (per_call, _, _) = json.loads(result.stdout)
+    size, (hidden, isolation, warnings), (shown, _, _), (per_call, _, _), (unnamed, more, _) = (
+        json.loads(result.stdout)
+    )
     if "user-namespace" not in isolation:
         missing_isolation(f"user namespaces are not allowed here: {warnings}")
-    assert "private-paths-hidden" in isolation
-    assert hidden == per_call == "FileNotFoundError"
-    assert shown == data.stat().st_size
+    assert {"private-paths-hidden", "minimal-root"} <= set(isolation)
+    assert "minimal-root" in more
+    assert hidden == unnamed == "FileNotFoundError"
+    assert shown == size > 0
+    assert per_call == 0  # covered with /dev/null
 
 
 def _python_for_nobody() -> str | None:

@@ -16,12 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
-    REQUIRE_SANDBOX,
-    in_a_candidates_sight,
-    missing_isolation,
-    needs_isolation,
-)
+from conftest import REQUIRE_SANDBOX, missing_isolation, needs_isolation
 
 from harness.evaluation import confinement, zygote
 from harness.evaluation.calls import Limits, Outcome
@@ -542,12 +537,10 @@ def test_a_program_cannot_return_alphaevolves_published_packings(sandbox: Sandbo
         def private_paths(self) -> tuple[str, ...]:
             return ()
 
-    # in sight: a copy outside /tmp when the checkout lies there (every candidate's is private)
-    with (
-        in_a_candidates_sight(PACKINGS) as packings,
-        Sandbox(workers=1, private_paths=()) as exposed,
-    ):
-        stolen = evaluate(Exposed(), steal_packings(packings), exposed)
+    # in sight where nothing is private: the candidate's root shows the packages an editable
+    # install maps (under /tmp too, where each candidate binds them back into its private /tmp)
+    with Sandbox(workers=1, private_paths=()) as exposed:
+        stolen = evaluate(Exposed(), steal_packings(PACKINGS), exposed)
     assert stolen.status == "ok" and min(stolen.scores.values()) > 0.9999, stolen.reason
     evaluation = evaluate(CirclePacking(), steal_packings(PACKINGS), sandbox)
     assert evaluation.status == "error" and set(evaluation.scores.values()) == {0.0}
@@ -556,7 +549,8 @@ def test_a_program_cannot_return_alphaevolves_published_packings(sandbox: Sandbo
 
 def test_the_project_is_out_of_a_candidates_sight(sandbox: Sandbox) -> None:
     """The harness's packages, the problems' data and the checkout they run from (examples,
-    tests, git history) are empty folders to a candidate; the interpreter still works."""
+    tests, git history) are out of a candidate's root, but for a virtual environment inside the
+    checkout; the interpreter still works."""
     probe = """
         import os
         def f(paths):
@@ -574,7 +568,11 @@ def test_the_project_is_out_of_a_candidates_sight(sandbox: Sandbox) -> None:
                 except ImportError as exc:
                     seen[name] = type(exc).__name__
             import scipy.optimize  # not preloaded: imported from the virtual environment
-            return [seen, sorted(os.listdir(paths[0]))]
+            try:  # the checkout: in the root only as the way down to a virtual environment
+                listing = sorted(os.listdir(paths[0]))
+            except OSError:
+                listing = []
+            return [seen, listing]
         """
     paths = [
         str(PROJECT),
@@ -591,7 +589,7 @@ def test_the_project_is_out_of_a_candidates_sight(sandbox: Sandbox) -> None:
     for path in paths[1:]:
         assert seen[path] == "FileNotFoundError", path
     assert {seen[name] for name in ("problems", "harness", "trainer")} == {"ModuleNotFoundError"}
-    # only the interpreter's own folders are bound back into the checkout (here, .venv)
+    # only the interpreter's own folders are in the checkout's place (here, .venv)
     python = {Path(p).resolve() for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)}
     for name in listing:
         assert any((PROJECT / name) in (p, *p.parents) for p in python), name
@@ -626,8 +624,9 @@ def test_a_calls_own_private_paths_are_hidden_from_it_alone(sandbox: Sandbox) ->
 
 @needs_isolation(ROOT, "mounting a folder needs root")
 def test_a_mount_inside_a_private_folder_is_out_of_sight_not_writable(tmp_path: Path) -> None:
-    """A mount point inside a covered folder (a cache bound into a checkout, say) needs no
-    read-only remount: the zygote does not count it as one that failed."""
+    """A mount point inside a private folder (a cache bound into a checkout, say) needs no
+    read-only remount: it is out of the candidate's root (or, where the OS refuses a root of its
+    own, inside a covered folder), and the zygote does not count it as one that failed."""
     inner = tmp_path / "outer" / "inner"
     inner.mkdir(parents=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(inner)], capture_output=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -68,20 +69,38 @@ class Call:
 def default_private_paths() -> tuple[str, ...]:
     """What no candidate may read, by default: the folders of the project's packages (harness,
     problems, trainer: the problems' data, their held-out test targets and published solutions
-    among them) and, when they run from a checkout (a folder with pyproject.toml, as in an
-    editable install), the whole checkout: its examples, tests and git history hold the same
-    data. A virtual environment inside the checkout stays visible, as the interpreter needs it.
+    among them), wherever an import could find them, and, when they lie in a checkout (a folder
+    with pyproject.toml, as in an editable install), the whole checkout: its examples, tests and
+    git history hold the same data. A virtual environment inside the checkout stays visible, as
+    the interpreter needs it. The candidate's root (view.py) holds only the system's and the
+    interpreter's files, and the packages an editable install maps, as libraries: these paths
+    keep the project's packages out of it, and are covered where it shows them (a non-editable
+    install in site-packages).
     """
     found = set()
     for name in ("harness", "problems", "trainer"):
-        spec = importlib.util.find_spec(name)
-        for location in (spec and spec.submodule_search_locations) or ():
+        for location in _package_folders(name):
             package = os.path.realpath(location)
             found.add(package)
             checkout = os.path.dirname(package)
             if checkout != "/" and os.path.isfile(os.path.join(checkout, "pyproject.toml")):
                 found.add(checkout)
     return tuple(sorted(found))
+
+
+def _package_folders(name: str) -> list[str]:
+    """Every folder an import of package `name` could come from: the one it does, and any other
+    a finder offers (an editable install of another checkout, whose finder the fork server, run
+    without PYTHONPATH, would follow, and whose packages its root would then show)."""
+    spec = importlib.util.find_spec(name)
+    folders = list((spec and spec.submodule_search_locations) or ())
+    for finder in sys.meta_path:
+        try:
+            other = finder.find_spec(name, None)  # type: ignore[attr-defined]
+        except Exception:  # a finder without find_spec, or one that fails on this name
+            continue
+        folders += list((other and other.submodule_search_locations) or ())
+    return folders
 
 
 def existing(paths: Iterable[str]) -> list[str]:

@@ -9,12 +9,16 @@ numpy already imported, that forks one child per evaluation, so an evaluation co
 than an interpreter start. The child, when the OS allows:
 
 - is pid 1 of a fresh pid namespace: when it ends, the kernel kills everything it started;
-- sees no network (a network namespace without interfaces) and a read-only file system with a
-  private, size-limited /tmp (its working directory is /tmp/work);
-- finds the private paths empty (`default_private_paths()`: the harness's own packages, the
-  problems' data with them, and the project checkout they run from; and each call's own, its
-  problem's data), so it can neither read a problem's held-out answers nor import the harness;
-- runs, when the harness is root, as uid 61000 + slot with no capabilities, so it can neither
+- sees no network (a network namespace without interfaces) and a root of its own that holds
+  only what a Python program needs (`view.py`: the system's libraries, the interpreter, the
+  folders on sys.path, a few devices), read-only, with a private, size-limited /tmp (its
+  working directory is /tmp/work): no copy of a problem's data elsewhere on the machine is in it;
+- finds the private paths absent or empty where that root would show them
+  (`default_private_paths()`: the harness's own packages, the problems' data with them, and the
+  project checkout they run from, but for a virtual environment inside it; and each call's own,
+  its problem's data), so it can neither read a problem's held-out answers nor import the
+  harness;
+- runs, when the harness is root, as a uid of its own with no capabilities, so it can neither
   write the project tree or the database nor signal the harness; when not root, inside a user
   namespace instead;
 - has rlimits on CPU time, address space, file size and processes, and a wall-clock deadline
@@ -48,9 +52,9 @@ class Sandbox:
 
     `namespaces=False` skips every namespace (network, pid, mount); it exists for tests and for
     debugging, and the outcomes say what is then not isolated. `private_paths` (files or
-    folders) are hidden from every candidate: each worker covers them once, with an empty
-    read-only folder (a file with /dev/null), before it forks any; None hides
-    `default_private_paths()`.
+    folders) are hidden from every candidate: each worker leaves them out of the candidates' root
+    (or, inside a folder the root shows, covers them with an empty read-only folder, a file with
+    /dev/null) before it forks any; None hides `default_private_paths()`.
     """
 
     def __init__(

@@ -1,19 +1,19 @@
 """The sandbox's fork server: one per worker slot; forks one candidate process per evaluation.
 
 The sandbox starts this file as `python -I zygote.py CONFIG` with a minimal environment.
-It imports only the standard library and the modules it is told to preload, so a candidate (a
-fork of it) inherits nothing of the harness. The sandbox also imports it for `encode` and
-`decode`, the one data format both sides speak.
+It imports only the standard library, `view.py` beside it (by its path) and the modules it is
+told to preload, so a candidate (a fork of it) inherits nothing of the harness. The sandbox also
+imports it for `encode` and `decode`, the one data format both sides speak.
 
 Process tree when the harness runs as root (not root: a user namespace stands in for the uid):
 
     harness ── launcher ── zygote     pid 1 of its own pid namespace, own network namespace
-                (waits)      │        (no interfaces) and mount namespace (all read-only;
-                             │        the private paths it was given covered with empty ones)
+                (waits)      │        (no interfaces) and mount namespace, whose root holds
+                             │        only what Python needs, read-only (view.py)
                              └── candidate   pid 1 of a fresh pid namespace: when it exits the
                                              kernel kills whatever it started; fresh mount, IPC
                                              and UTS namespaces; private /tmp; rlimits;
-                                             uid 61000 + slot; no_new_privs
+                                             a uid of its own; no_new_privs
 
 Protocol on the zygote's stdin/stdout: frames of an 8-byte big-endian length and a body. After
 start-up the zygote sends a hello (JSON). It answers each request (JSON) with an empty frame at
@@ -32,6 +32,7 @@ import errno
 import functools
 import gc
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +41,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -509,7 +511,7 @@ class _Seccomp:
         # the C library fall back to clone, whose flags it can
         add(SCMP_ERRNO | errno.ENOSYS, "clone3")
         # a Unix socket could reach a daemon's socket file; a refusal (not a kill) because the C
-        # library tries one for user look-ups (nscd) and falls back to /etc/passwd
+        # library tries one for user look-ups (nscd) before the files (none in view.py's root)
         add(SCMP_ERRNO | errno.EACCES, "socket", (0, SCMP_CMP_EQ, AF_UNIX, 0))
         result = library.seccomp_attr_set(context, SCMP_FLTATR_CTL_TSYNC, 1)  # every thread
         if result < 0:
@@ -551,16 +553,22 @@ class Zygote:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of a candidate come to us, not to init
         self.pid_ns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.cgroup.open()
-        if self.mount_ns:
-            self._lock_filesystem()
-        if self.private and not self.mount_ns:
-            self.warnings.append(_readable(self.private, "no mount namespace"))
         self.seccomp = _Seccomp.load(self.warnings)
         for name in config["preload"]:
             try:
                 importlib.import_module(name)
             except Exception as exc:  # the candidate gets the same error if it imports it
                 self.warnings.append(f"could not preload {name}: {one_line(exc)}")
+        # what a candidate's private /tmp covers but must bring back: folders, files and links
+        # the interpreter needs that lie under /tmp (a virtual environment in a CI clone)
+        self.under_tmp: tuple[list[str], list[tuple[str, str]]] = (
+            [path for path in _python_folders() if _under_private_tmp(path)],
+            [],
+        )
+        if self.mount_ns:  # after the preloads: the new root shows the libraries they loaded
+            self._lock_filesystem()
+        if self.private and not self.mount_ns:
+            self.warnings.append(_readable(self.private, "no mount namespace"))
         gc.freeze()  # children then leave these objects' pages shared instead of copying them
 
     # -- start-up ---------------------------------------------------------------------------
@@ -632,25 +640,32 @@ class Zygote:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     def _lock_filesystem(self) -> None:
-        """Make every mount read-only for this zygote and every candidate it forks."""
+        """Give this zygote and every candidate it forks a root that shows only what a Python
+        program needs (`view.py`), read-only; where the OS refuses one, every mount read-only."""
         try:
             _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we mount reaches the host
         except OSError as exc:
             self.mount_ns = False
             self.warnings.append(f"files not isolated: {exc.strerror}")
             return
-        if self.pid_ns:
-            try:  # a /proc that agrees with our pid namespace, and hides the host's processes
-                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-            except OSError as exc:
-                self.warnings.append(f"host processes visible in /proc: {exc.strerror}")
-        if self.uid is not None:
-            self._expose_python()
-        if os.path.isdir("/sys/fs/cgroup"):
-            # candidates have no use for it, and our open control files keep working on a
-            # detached mount, where no read-only remount below can be refused for them
-            _libc().umount2(b"/sys/fs/cgroup", MNT_DETACH)
-        if self.private and _hide_all(self.private, self.warnings):
+        view = _sibling("view")
+        private = self.private  # those still in sight, to cover
+        try:
+            plan = view.plan(self.private)
+            view.enter(plan, self.pid_ns, self.warnings)
+            self.isolation.append("minimal-root")
+            private = view.in_sight(plan, self.private)
+            self.under_tmp = (
+                [path for path in plan.shown if _under_private_tmp(path)],
+                [link for link in plan.links if _under_private_tmp(link[0])],
+            )
+        except OSError as exc:
+            self.warnings.append(
+                "every world-readable file is readable to the candidate: no root of its own"
+                f" ({exc.strerror or exc})"
+            )
+            self._whole_root()
+        if self.private and _hide_all(private, self.warnings):
             self.isolation.append("private-paths-hidden")
         failed = []
         for target, options in _mount_points():
@@ -668,6 +683,21 @@ class Zygote:
             self.warnings.append(f"still writable for the candidate: {', '.join(failed)}")
         else:
             self.isolation.append("read-only-filesystem")
+
+    def _whole_root(self) -> None:
+        """Without a root of its own the candidate sees every mount, as before view.py: then at
+        least a /proc of its own, the interpreter readable to its uid, no /sys/fs/cgroup."""
+        if self.pid_ns:
+            try:  # a /proc that agrees with our pid namespace, and hides the host's processes
+                _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            except OSError as exc:
+                self.warnings.append(f"host processes visible in /proc: {exc.strerror}")
+        if self.uid is not None:
+            self._expose_python()
+        if os.path.isdir("/sys/fs/cgroup"):
+            # candidates have no use for it, and our open control files keep working on a
+            # detached mount, where no read-only remount below can be refused for them
+            _libc().umount2(b"/sys/fs/cgroup", MNT_DETACH)
 
     def _expose_python(self) -> None:
         """Let the candidate's uid read the Python installation.
@@ -875,7 +905,16 @@ def _reap_all(block: bool) -> None:
         pass
 
 
-_KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+# a remount must repeat these, or a user namespace refuses it (the flags are locked there)
+_KEPT_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": 1 << 10,
+    "nodiratime": 1 << 11,
+    "relatime": 1 << 21,
+    "strictatime": 1 << 24,
+}
 
 
 def _mount_points() -> list[tuple[str, set[str]]]:
@@ -914,6 +953,28 @@ def _outermost(paths: set[str]) -> list[str]:
 def _python_folders() -> list[str]:
     """The outermost folders the interpreter imports from."""
     return _outermost(_python_paths())
+
+
+def _mount_point(path: str, handle: int) -> None:
+    """Make `path` a place to bind what `handle` refers to: a folder for a folder, else a file."""
+    if stat.S_ISDIR(os.fstat(handle).st_mode):
+        os.makedirs(path, mode=0o755, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _sibling(name: str) -> types.ModuleType:
+    """The module `name`.py beside this file, loaded by its path: the fork server runs this file
+    as a script (`python -I`), with no package to import from and nothing of the harness."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"vpo_sandbox_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _hide(path: str) -> None:
@@ -1142,11 +1203,9 @@ class Candidate:
         size = max(64, 4 * self.limits["file_mb"])
         # A virtual environment or checkout under /tmp (a CI clone, say) would vanish under the
         # private tmpfs and break every import numpy did not do at preload: keep a handle on
-        # each such folder now and bind it back, read-only, once the tmpfs is in place.
-        python_under_tmp = [path for path in _python_folders() if _under_private_tmp(path)]
-        handles = [
-            os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in python_under_tmp
-        ]
+        # each such folder (or file) now and bind it back, read-only, once the tmpfs is in place.
+        shown_under_tmp, links_under_tmp = self.zygote.under_tmp
+        handles = [os.open(path, os.O_PATH | os.O_CLOEXEC) for path in shown_under_tmp]
         _mount(
             "tmpfs",
             "/tmp",
@@ -1160,15 +1219,21 @@ class Candidate:
                 os.mkdir(source, 0o1777)
                 os.chmod(source, 0o1777)
                 _mount(source, target, None, MS_BIND)
-        for path, handle in zip(python_under_tmp, handles, strict=True):
+        for path, handle in zip(shown_under_tmp, handles, strict=True):
             try:
-                os.makedirs(path, mode=0o755, exist_ok=True)
+                _mount_point(path, handle)
                 _mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC)
                 _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
             except OSError as exc:
                 self.warnings.append(f"the candidate may not import from {path}: {exc.strerror}")
             finally:
                 os.close(handle)
+        for path, text in links_under_tmp:
+            try:
+                os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+                os.symlink(text, path)
+            except OSError as exc:
+                self.warnings.append(f"the candidate may not find {path}: {exc.strerror}")
         if os.path.isdir("/run"):  # sockets of system daemons (dbus, docker, ...) live there
             _mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "size=4k,mode=755")
         # this call's own private paths (its problem's data): most went with the zygote's or
