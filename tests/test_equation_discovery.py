@@ -378,11 +378,9 @@ HOSTILE = {
         HEADER + "    import problems.equation_discovery\n    return params[0] * x\n",
         "No module named 'problems'",
     ),
-    "params of another length from a patched minimize": (
-        "import numpy as np\nimport scipy.optimize\n\n\n"
-        "def fake(fun, x0, **options):\n"
-        "    return scipy.optimize.OptimizeResult(x=np.ones(11), fun=0.0, nit=0)\n\n\n"
-        "scipy.optimize.minimize = fake\n\n\n" + SEED_FIT,
+    "params of another length from a patched np.ones": (
+        "import numpy as np\n\n_ones = np.ones\n"
+        "np.ones = lambda n, *args, **options: _ones(11)\n\n\n" + SEED_FIT,
         "params as 10 finite floats",
     ),
     "random predictions": (

@@ -155,10 +155,10 @@ def equation(x, v, params):
 '''
 
 
-# The constants themselves: a patched minimize takes the training targets from the loss's
-# closure and returns, as the ten constants, the targets of the ten training rows nearest to a
-# grid of (x, v); the equation answers every input with the nearest of those ten. Ten finite
-# numbers pass the scorer's check; they are what any fit of ten constants carries.
+# The constants themselves: a patched minimize takes the training targets from the object whose
+# method the loss is and returns, as the ten constants, the targets of the ten training rows
+# nearest to a grid of (x, v); the equation answers every input with the nearest of those ten.
+# Ten finite numbers pass the scorer's check; they are what any fit of ten constants carries.
 BY_THE_CONSTANTS = """
 import numpy as np
 import scipy.optimize
@@ -169,22 +169,24 @@ TREE = cKDTree(GRID)
 
 
 def carry(fun, x0, **options):
-    cells = {id(c.cell_contents): c.cell_contents for c in fun.__closure__}
-    arrays = [a for a in cells.values() if isinstance(a, np.ndarray) and a.ndim == 1]
-    targets = next(a for a in arrays if a.shape[0] > 10)
-    columns = next(c for c in cells.values() if isinstance(c, list))
-    rows = cKDTree(np.column_stack(columns)).query(GRID)[1]
-    return scipy.optimize.OptimizeResult(x=targets[rows].copy(), fun=0.0, nit=0)
+    objective = fun.__self__  # the driver's loss is a bound method of what holds the data
+    rows = cKDTree(np.column_stack(objective.columns)).query(GRID)[1]
+    constants = objective.target[rows].copy()
+    fun(constants)  # the fit keeps the best point its loss saw: this one, then nothing better
+    return scipy.optimize.OptimizeResult(x=constants, fun=0.0, nit=0)
 
 
 scipy.optimize.minimize = carry
+scipy.optimize.least_squares = lambda *args, **options: None
 
 
 def equation(x, v, params):
     return params[TREE.query(np.column_stack([x, v]))[1]]
 """
 # The same equation, its ten constants fitted honestly.
-FITTED_HONESTLY = BY_THE_CONSTANTS.replace("scipy.optimize.minimize = carry", "")
+FITTED_HONESTLY = BY_THE_CONSTANTS.replace("scipy.optimize.minimize = carry", "").replace(
+    "scipy.optimize.least_squares = lambda *args, **options: None", ""
+)
 
 
 # Module-level code that looks through the process's memory (every array a tracked object
