@@ -66,6 +66,7 @@ class AsWritten(EquationDiscovery):
     def admit(self, code: str) -> str:
         return code
 
+
 INSTALL_HINT = (
     "PostgreSQL server binaries not found; install them with `apt-get install postgresql` "
     "(`make test` does) or set VPO_TEST_POSTGRES_URL"
