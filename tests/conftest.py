@@ -36,6 +36,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 from harness.evaluation import zygote
+from harness.llm import Completion
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 from harness.store.models import GroupDraft, Program, RolloutGroup, Trajectory
@@ -813,3 +814,57 @@ def _serving(base_url: str, key: str) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def as_nobody(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """`argv` run as the unprivileged user nobody (uid and gid 65534, no other groups)."""
+    return subprocess.run(
+        argv,
+        user=65534,
+        group=65534,
+        extra_groups=[],
+        cwd="/",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def python_for_nobody() -> str | None:
+    """An interpreter the user nobody may run (this one's folder may be private to root)."""
+    for exe in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
+        if not exe:
+            continue
+        try:
+            if as_nobody([exe, "-c", "pass"]).returncode == 0:
+                return exe
+        except OSError:
+            continue
+    return None
+
+
+class Replay:
+    """A generator that hands out scripted completions in order, G per prompt: no model writes
+    hostile answers on demand, so this stands in for one; everything after it is the real loop."""
+
+    backend = "replay"
+    model = "replay"
+    in_process = True
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = iter(texts)
+
+    def context_tokens(self) -> None:
+        return None  # no limit: the prompts are not what is under test
+
+    def count_tokens(self, messages: Any) -> int:
+        return 0
+
+    def generate(self, prompts: Any, n: int, sampling: Any) -> list[list[Completion]]:
+        return [
+            [Completion(next(self.texts), (1, 2, 3), None, "stop", (4, 5)) for _ in range(n)]
+            for _ in prompts
+        ]
+
+    def close(self) -> None:
+        pass

@@ -11,12 +11,12 @@ import os
 import random
 from pathlib import Path
 
+from conftest import Replay
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from harness.campaign.loop import run_campaign
 from harness.config.settings import build
-from harness.llm import Completion
 from harness.store import Store
 from harness.store.models import Program, Trajectory
 from problems.registry import load as load_problem
@@ -96,32 +96,6 @@ def hostile(rng: random.Random, index: int) -> str:
     attack = ATTACKS[(index // 10) % len(ATTACKS)]
     body = f"{attack}\n\ndef answer():\n    return 1.0 if {index} % 3 else g()"
     return f"<candidate_1>\n```python\n{body}\n```\n</candidate_1>"
-
-
-class Replay:
-    """Hands out the scripted completions in order, G per prompt."""
-
-    backend = "replay"
-    model = "replay"
-    in_process = True
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = iter(texts)
-
-    def context_tokens(self) -> None:
-        return None  # no limit: the prompts are not what is under test
-
-    def count_tokens(self, messages) -> int:  # noqa: ANN001
-        return 0
-
-    def generate(self, prompts, n, sampling):  # noqa: ANN001, ANN201
-        return [
-            [Completion(next(self.texts), (1, 2, 3), None, "stop", (4, 5)) for _ in range(n)]
-            for _ in prompts
-        ]
-
-    def close(self) -> None:
-        pass
 
 
 def _rss_mb() -> float:

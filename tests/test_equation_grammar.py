@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 import pytest
+from conftest import Replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,6 @@ from harness.campaign.novelty import Novelty
 from harness.config.settings import build
 from harness.evaluation.evaluate import evaluate_many
 from harness.evaluation.sandbox import Sandbox
-from harness.llm import Completion
 from harness.store import Store
 from problems.equation_discovery import EquationDiscovery, grammar
 from problems.equation_discovery.family import family_key
@@ -301,32 +301,6 @@ def test_random_text_passes_every_step(text: str) -> None:
     except grammar.Refused as refused:
         assert "\n" not in str(refused)
     _every_trusted_step(text)
-
-
-class Replay:
-    """Hands out scripted completions in order, G per prompt: no model writes these on demand."""
-
-    backend = "replay"
-    model = "replay"
-    in_process = True
-
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = iter(texts)
-
-    def context_tokens(self) -> None:
-        return None
-
-    def count_tokens(self, messages) -> int:  # noqa: ANN001
-        return 0
-
-    def generate(self, prompts, n, sampling):  # noqa: ANN001, ANN201
-        return [
-            [Completion(next(self.texts), (1, 2, 3), None, "stop", (4, 5)) for _ in range(n)]
-            for _ in prompts
-        ]
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_campaign_records_every_hostile_answer_and_finishes(tmp_path: Path) -> None:

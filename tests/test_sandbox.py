@@ -13,10 +13,8 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -26,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import missing_isolation, needs_isolation
+from conftest import as_nobody, missing_isolation, needs_isolation, python_for_nobody
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -559,14 +557,7 @@ def test_close_leaves_no_process() -> None:
 @needs_isolation(ROOT, "needs root to start the harness as another user")
 def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
     """Not root: a user namespace stands in for the uid switch."""
-    python = next(
-        (
-            exe
-            for exe in (sys.executable, shutil.which("python3"), "/usr/bin/python3")
-            if exe and _runs_as_nobody([exe, "-c", "pass"])
-        ),
-        None,
-    )
+    python = python_for_nobody()
     if python is None:
         missing_isolation("no Python here that an unprivileged user may run")
     script = textwrap.dedent(
@@ -579,7 +570,7 @@ def test_works_for_a_user_without_privileges(tmp_path: Path) -> None:
         print(outcome.status, outcome.value, sorted(outcome.isolation), outcome.warnings)
         """
     )
-    result = _as_nobody([python, "-c", script])
+    result = as_nobody([python, "-c", script])
     assert result.returncode == 0, result.stderr
     if "user-namespace" not in result.stdout:
         missing_isolation(f"user namespaces are not allowed here: {result.stdout}")
@@ -603,7 +594,7 @@ def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
     the candidate's sight whether the sandbox names them private or not (the checkout is no
     folder of this interpreter's), and a call's own private paths cover what the root does show
     (a file of the standard library, readable to the call beside it)."""
-    python = _python_for_nobody()
+    python = python_for_nobody()
     if python is None:
         missing_isolation("no Python here that an unprivileged user may run")
     data = PROJECT / "problems" / "equation_discovery" / "data" / "oscillator1.npz"
@@ -628,7 +619,7 @@ def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
         print(json.dumps([os.path.getsize(shown), *described]))
         """
     )
-    result = _as_nobody([python, "-c", script])
+    result = as_nobody([python, "-c", script])
     assert result.returncode == 0, result.stderr
     size, (hidden, isolation, warnings), (shown, _, _), (per_call, _, _), (unnamed, more, _) = (
         json.loads(result.stdout)
@@ -640,37 +631,6 @@ def test_private_paths_are_hidden_from_a_user_without_privileges_too() -> None:
     assert hidden == unnamed == "FileNotFoundError"
     assert shown == size > 0
     assert per_call == 0  # covered with /dev/null
-
-
-def _python_for_nobody() -> str | None:
-    return next(
-        (
-            exe
-            for exe in (sys.executable, shutil.which("python3"), "/usr/bin/python3")
-            if exe and _runs_as_nobody([exe, "-c", "pass"])
-        ),
-        None,
-    )
-
-
-def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv,
-        user=65534,
-        group=65534,
-        extra_groups=[],
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def _runs_as_nobody(argv: list[str]) -> bool:
-    try:
-        return _as_nobody(argv).returncode == 0
-    except OSError:
-        return False
 
 
 # --- the data format, without processes ----------------------------------------------------

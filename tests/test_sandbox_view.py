@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import AsWritten, missing_isolation, needs_isolation
+from conftest import AsWritten, as_nobody, missing_isolation, needs_isolation, python_for_nobody
 
 from harness.evaluation import view, zygote
 from harness.evaluation.calls import default_private_paths
@@ -458,14 +457,7 @@ def test_symlinks_on_the_way_are_rebuilt(tmp_path: Path) -> None:
 @needs_isolation(ROOT, "needs root to start the harness as another user")
 def test_a_harness_without_privileges_builds_the_same_root(planted: list[str]) -> None:
     """A user namespace stands in for root: the same root of its own, the same files unread."""
-    python = next(
-        (
-            exe
-            for exe in (sys.executable, shutil.which("python3"), "/usr/bin/python3")
-            if exe and _runs_as_nobody(exe)
-        ),
-        None,
-    )
+    python = python_for_nobody()
     if python is None:
         missing_isolation("no Python here that an unprivileged user may run")
     code = probe(planted) + "def f():\n    return sorted(__import__('os').listdir('/'))\n"
@@ -481,7 +473,7 @@ def test_a_harness_without_privileges_builds_the_same_root(planted: list[str]) -
                           outcome.warnings]))
         """
     )
-    result = _as_nobody([python, "-c", script])
+    result = as_nobody([python, "-c", script])
     assert result.returncode == 0, result.stderr
     status, top, stdout, isolation, warnings = json.loads(result.stdout)
     if "user-namespace" not in isolation:
@@ -489,23 +481,3 @@ def test_a_harness_without_privileges_builds_the_same_root(planted: list[str]) -
     assert status == "ok" and "minimal-root" in isolation, warnings
     assert "read at module level: []" in stdout
     assert not set(top) & {"home", "opt", "srv", "mnt", "work", "root"}, top
-
-
-def _as_nobody(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv,
-        user=65534,
-        group=65534,
-        extra_groups=[],
-        cwd="/",
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def _runs_as_nobody(python: str) -> bool:
-    try:
-        return _as_nobody([python, "-c", "pass"]).returncode == 0
-    except OSError:
-        return False
