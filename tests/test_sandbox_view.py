@@ -63,13 +63,14 @@ def planted() -> Iterator[list[str]]:
     with np.load(DATA / "oscillator1.npz") as stored:
         table = stored["test_id"]
     places = [
-        (Path.home(), f"{token}.csv"),  # the harness user's home
-        (Path("/home"), f"{token}/test_id.csv"),
-        (Path("/tmp"), f"{token}/test_id.csv"),  # the host's; each candidate has its own
-        (Path("/opt"), f"{token}/llm-sr/oscillator1/test_id.csv"),
-        (Path("/srv"), f"{token}/test_id.csv"),
-        (PROJECT.parent, f"{token}/data/llm-sr/oscillator1/test_id.csv"),  # a shared-like folder
-        (PROJECT.parent, f"{token}.csv"),  # the folder above the checkout
+        (Path.home(), f"{token}-home.csv"),  # the harness user's home
+        (Path("/home"), f"{token}-users/test_id.csv"),
+        (Path("/tmp"), f"{token}-tmp/test_id.csv"),  # the host's; each candidate has its own
+        (Path("/opt"), f"{token}-opt/llm-sr/oscillator1/test_id.csv"),
+        (Path("/srv"), f"{token}-srv/test_id.csv"),
+        # a shared-like folder and a file beside the checkout (which may itself lie in /tmp)
+        (PROJECT.parent, f"{token}-shared/data/llm-sr/oscillator1/test_id.csv"),
+        (PROJECT.parent, f"{token}-above.csv"),
     ]
     made: list[Path] = []
     files = []
@@ -351,8 +352,8 @@ def test_the_plan_shows_no_private_folder_but_the_interpreters() -> None:
         assert not any(path.startswith(f"/{top}/") for top in ("home", "opt", "srv", "mnt"))
     # with nothing private, the packages an editable install maps are libraries like any other
     packages = str(PROJECT / "problems")
-    if packages in view._editable_packages():
-        assert packages in view.plan(()).shown
+    if packages in view._editable_packages():  # shown, or inside a folder shown (sys.path's)
+        assert view.in_sight(view.plan(()), [packages])
 
 
 def test_where_the_os_refuses_a_root_of_its_own_the_outcome_says_so(
