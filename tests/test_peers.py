@@ -110,9 +110,13 @@ class ScriptedModel:
             program = program.format(header=header, expression=self.expression(inputs))
             return f"<NAME>\nscripted\n</NAME>\n<DESCRIPTION>\nA rewrite.\n</DESCRIPTION>\n" \
                    f"<CODE>\n```python\n{program}```\n</CODE>\n"  # fmt: skip
+        # a diff: the current program's return line for a new one (code left after a return
+        # is not straight-line, and the project's grammar refuses it)
+        returned = re.search(r"^    return .*$", text[line.end() :] if line else text, re.M)
+        search = returned.group(0) if returned else "    return"
         return (
             "<NAME>\nscripted\n</NAME>\n<DESCRIPTION>\nAn edit.\n</DESCRIPTION>\n<DIFF>\n"
-            f"<<<<<<< SEARCH\n{header}\n=======\n{header}\n"
+            f"<<<<<<< SEARCH\n{search}\n=======\n"
             f"    return {self.expression(inputs)}\n>>>>>>> REPLACE\n</DIFF>\n"
         )
 
