@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.campaign.iteration import SampledIteration
+from harness.campaign.ledger import Ledger, timed
 from harness.campaign.prompts import PromptBudget, PromptTooLong, build_prompt
 from harness.campaign.run import refresh_population
 from harness.campaign.selection import Selection, SelectionConfig, migrants, select, should_migrate
@@ -144,15 +145,19 @@ def sample_batch(
     iterations: Sequence[int],
     settings: LoopSettings,
     policy_version_id: int | None = None,
+    ledger: Ledger | None = None,
 ) -> list[SampledIteration]:
     """Iterations `iterations` up to their evaluation, in order: each one's parent and drafts
     chosen with the random stream of (seed, k), its prompt, its G completions (from policy
-    version `policy_version_id`) and the programs migrating after it."""
-    chosen = [_choose(campaign, k, settings, policy_version_id) for k in iterations]
+    version `policy_version_id`) and the programs migrating after it. `ledger` times the
+    selecting and the generating."""
+    with timed(ledger, "selecting"):
+        chosen = [_choose(campaign, k, settings, policy_version_id) for k in iterations]
     asking = [c for c in chosen if c.skipped is None]
-    results = _generate(
-        generator, [c.prompt for c in asking], campaign.config.group_size, settings.sampling
-    )
+    with timed(ledger, "generating"):
+        results = _generate(
+            generator, [c.prompt for c in asking], campaign.config.group_size, settings.sampling
+        )
     progress = campaign.progress
     done: dict[int, SampledIteration] = {}
     for c, (result, _) in zip(asking, results, strict=True):

@@ -16,8 +16,10 @@ numbers below the budget that have no group.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from harness.campaign.budgets import Spend, counts_spend, stored_spend
 from harness.campaign.generation import FailureStreak, describe, loop_settings, sample_batch
@@ -29,6 +31,7 @@ from harness.campaign.iteration import (
     new_program,
     rollout_records,
 )
+from harness.campaign.ledger import EVENT, Ledger, LoopClock, batch_payload, timed
 from harness.campaign.novelty import Novelty
 from harness.campaign.population import Population
 from harness.campaign.progress import Progress
@@ -253,7 +256,11 @@ def evolve(
     # Tokens generated so far, the batches of this run counted as they are sampled.
     spent = campaign.store.summary(campaign.campaign_id).tokens if config.token_budget else 0
     stopped: str | None = None
+    # Where each batch's time goes (harness/inspect/time_split.py): the loop's stages on this
+    # thread, the evaluation thread's beside them, one `stages` event per batch.
+    clock = LoopClock()
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
+        clock.watch(evaluator.submit(threading.get_ident).result())
         pending: Future[None] | None = None
         for start in range(0, len(todo), width):
             stopped = budget_stop(campaign, spent)
@@ -262,29 +269,42 @@ def evolve(
                     say(stopped)  # the batch in flight is stored below
                 break
             if fresh and pending is not None:  # the steps this batch allows, before the next
-                pending.result()
+                with clock.stage("waiting"):
+                    pending.result()
                 pending = None
-                train_waiting_groups(campaign, generator)
+                train_waiting_groups(campaign, generator, clock.ledger)
             version = campaign.trainer.version_id if campaign.trainer else None
             batch = sample_batch(
-                campaign, generator, todo[start : start + width], settings, version
+                campaign, generator, todo[start : start + width], settings, version, clock.ledger
             )
-            spent += sum(c.num_tokens for sampled in batch for c in sampled.completions)
+            tokens = sum(c.num_tokens for sampled in batch for c in sampled.completions)
+            spent += tokens
             if campaign.spend is not None:
                 campaign.spend.add(batch)  # counted once sampled: it is stored below
             if pending is not None:
-                pending.result()  # the batch before is stored before this one
-                train_waiting_groups(campaign, generator)
+                with clock.stage("waiting"):
+                    pending.result()  # the batch before is stored before this one
+                train_waiting_groups(campaign, generator, clock.ledger)
             streak.update(batch)
-            pending = evaluator.submit(_store_and_report, campaign, batch, on_progress)
+            wall, loop = clock.period()
+            timing = batch_payload([s.iteration for s in batch], tokens, wall, loop, {})
+            campaign.progress.time.add(timing)  # its evaluation's stages once done
+            pending = evaluator.submit(_store_and_report, campaign, batch, on_progress, timing)
             if streak.reached:
                 pending.result()  # the skipped iterations are recorded, with their reasons
                 raise streak.error()
             if not overlap:
-                pending.result()
+                with clock.stage("waiting"):
+                    pending.result()
         if pending is not None:
-            pending.result()
-            if train_waiting_groups(campaign, generator) and on_progress:
+            with clock.stage("waiting"):
+                pending.result()
+            trained = train_waiting_groups(campaign, generator, clock.ledger)
+            wall, loop = clock.period()  # the last wait and steps: a period of no batch
+            last = batch_payload([], 0, wall, loop, {})
+            campaign.store.record_event(campaign.campaign_id, EVENT, last)
+            campaign.progress.time.add(last)
+            if trained and on_progress:
                 # The last step too, at the last iteration stored (a budget may stop early).
                 done = campaign.store.iterations_done(campaign.campaign_id)
                 on_progress(done, campaign.progress)
@@ -314,17 +334,27 @@ def _store_and_report(
     campaign: CampaignRun,
     batch: Sequence[SampledIteration],
     on_progress: Callable[[int, Progress], None] | None,
+    timing: dict[str, Any] | None = None,
 ) -> None:
     """The evaluation thread's job: evaluate a batch and store its iterations, reporting each
-    at once (not when the next generation ends, which on a CPU is minutes later)."""
-    for sampled in evaluate_and_store(campaign, batch):
-        if campaign.reporter is not None:
-            campaign.reporter.iteration(campaign.progress)
-        if on_progress:
-            on_progress(sampled.iteration + 1, campaign.progress)
+    at once (not when the next generation ends, which on a CPU is minutes later); then the
+    batch's `timing` (its loop stages, `batch_payload`) with this thread's stages added."""
+    ledger = Ledger()
+    for sampled in evaluate_and_store(campaign, batch, ledger=ledger):
+        with ledger.stage("reporting"):
+            if campaign.reporter is not None:
+                campaign.reporter.iteration(campaign.progress)
+            if on_progress:
+                on_progress(sampled.iteration + 1, campaign.progress)
+    if timing is not None:  # the batch's stages, for `vpo status` and the progress line
+        beside = ledger.take()
+        campaign.store.record_event(campaign.campaign_id, EVENT, {**timing, "beside": beside})
+        campaign.progress.time.add({"beside": beside})
 
 
-def train_waiting_groups(campaign: CampaignRun, generator: Generator | None) -> bool:
+def train_waiting_groups(
+    campaign: CampaignRun, generator: Generator | None, ledger: Ledger | None = None
+) -> bool:
     """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
     share the weights being trained): one in the steady state, more when a resumed run finds
     the groups a killed one recorded but did not train on; True when any ran. A step that
@@ -333,7 +363,7 @@ def train_waiting_groups(campaign: CampaignRun, generator: Generator | None) -> 
     if campaign.trainer is None:
         return False
     ran = False
-    while (metrics := train_next_version(campaign.trainer, generator)) is not None:
+    while (metrics := train_next_version(campaign.trainer, generator, ledger)) is not None:
         ran = True
         if metrics.skipped is not None:
             campaign.progress.steps_skipped += 1
@@ -350,6 +380,7 @@ def evaluate_and_store(
     batch: Sequence[SampledIteration],
     *,
     lost: Callable[[SampledIteration], None] | None = None,
+    ledger: Ledger | None = None,
 ) -> Iterator[SampledIteration]:
     """Classify the candidates of a batch, evaluate the new ones in the sandbox pool all
     together, then store each iteration in its own transaction, in order, yielding each once
@@ -357,6 +388,28 @@ def evaluate_and_store(
 
     `lost`: called for an iteration another process recorded first (a worker whose claim ran
     out), which is then passed over; without it that is an error."""
+    with timed(ledger, "parsing"):
+        groups = _classify(campaign, batch)
+    code = {digest: text for group in groups for digest, text in group.new_code.items()}
+    sandbox = campaign.sandbox
+    with timed(ledger, "evaluating", lambda: sandbox.cpu_seconds):
+        evaluations = evaluate_many(campaign.problem, list(code.values()), sandbox, campaign.limits)
+    by_hash = dict(zip(code, evaluations, strict=True))
+    for sampled, group in zip(batch, groups, strict=True):
+        try:
+            with timed(ledger, "storing"):
+                store_iteration(campaign, sampled, group, {h: by_hash[h] for h in group.new_code})
+        except IterationRecorded:
+            if lost is None:
+                raise
+            lost(sampled)
+            continue
+        yield sampled
+
+
+def _classify(campaign: CampaignRun, batch: Sequence[SampledIteration]) -> list[ParsedGroup]:
+    """Each iteration's candidates classified (new, repeat, unparsed, ...), the new code of
+    the iterations before it in the batch counted as seen."""
     fresh: set[str] = set()
     keys = BatchKeys()
     groups = []
@@ -375,20 +428,7 @@ def evaluate_and_store(
         )
         fresh.update(group.new_code)
         groups.append(group)
-    code = {digest: text for group in groups for digest, text in group.new_code.items()}
-    evaluations = evaluate_many(
-        campaign.problem, list(code.values()), campaign.sandbox, campaign.limits
-    )
-    by_hash = dict(zip(code, evaluations, strict=True))
-    for sampled, group in zip(batch, groups, strict=True):
-        try:
-            store_iteration(campaign, sampled, group, {h: by_hash[h] for h in group.new_code})
-        except IterationRecorded:
-            if lost is None:
-                raise
-            lost(sampled)
-            continue
-        yield sampled
+    return groups
 
 
 class _Either:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from harness.inspect.time_split import Split
+
 
 @dataclass
 class Progress:
@@ -25,6 +27,7 @@ class Progress:
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step that made a policy version, as a line
     steps_skipped: int = 0  # training steps that changed no weight (each said once, as it ran)
+    time: Split = field(default_factory=Split)  # where this run's batches spent their time
 
     def line(self, iteration: int, total: int) -> str:
         wall = max(time.perf_counter() - self.started, 1e-9)
@@ -45,9 +48,6 @@ class Progress:
         if self.steps_skipped:
             plural = "s" if self.steps_skipped > 1 else ""
             line = f"{line} | {self.steps_skipped} training step{plural} skipped"
+        if self.time.batches:
+            line = f"{line} | time: {self.time.line()}"
         return line if self.train is None else f"{line} | {self.train}"
-
-    @property
-    def busy_fraction(self) -> float:
-        """Share of the wall clock the generator spent generating."""
-        return self.generate_seconds / max(time.perf_counter() - self.started, 1e-9)

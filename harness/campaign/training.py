@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import faults
+from harness.campaign.ledger import Ledger, timed
 from harness.campaign.publish import (
     check_trainable_endpoint,
     prune_versions,
@@ -297,11 +298,30 @@ def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Gener
     return generator
 
 
-def train_next_version(trainer: CampaignTrainer, generator: Generator | None) -> StepMetrics | None:
+def train_next_version(
+    trainer: CampaignTrainer, generator: Generator | None, ledger: Ledger | None = None
+) -> StepMetrics | None:
     """One step on the oldest `every` unused groups when that many wait; None otherwise. A step
     that changed nothing (`metrics.skipped`) is recorded as skipped, with its groups, and
     neither saved nor published. On several processes (`vpo train --follow` under torchrun) the
-    main one reads the groups and records the version; each trains on its share."""
+    main one reads the groups and records the version; each trains on its share. `ledger`
+    times the step (reading the groups, the step, saving and recording it: `training`) and
+    the publishing (the weights into the engine, old versions pruned)."""
+    with timed(ledger, "training"):
+        found = _step(trainer)
+    if found is None:
+        return None
+    metrics, folder = found
+    if folder is None:
+        return metrics
+    with timed(ledger, "publishing"):
+        _publish_version(trainer, generator, metrics, folder)
+    return metrics
+
+
+def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
+    """The step on the oldest waiting groups, saved and recorded, with its folder (None for a
+    step that changed nothing); None when too few groups wait."""
     store = trainer.store
     parallel = trainer.policy.parallel
     stored = None
@@ -337,7 +357,7 @@ def train_next_version(trainer: CampaignTrainer, generator: Generator | None) ->
                 group_ids=[g.id for g in stored],
             )
         parallel.barrier()
-        return metrics
+        return metrics, None
     faults.point("train_step")  # the weights moved in memory, nothing saved
     folder = trainer.policy.save(trainer.folder / step_name(metrics.step))
     faults.point("train_saved")  # saved, not recorded
@@ -352,6 +372,16 @@ def train_next_version(trainer: CampaignTrainer, generator: Generator | None) ->
     trainer.version_id = parallel.broadcast(trainer.version_id)
     if metrics.trained and trainer.changed_from is None:
         trainer.changed_from = trainer.version_id
+    return metrics, folder
+
+
+def _publish_version(
+    trainer: CampaignTrainer, generator: Generator | None, metrics: StepMetrics, folder: Path
+) -> None:
+    """A recorded version into the engine (when it changed weights the engine holds), and
+    the versions no reader may need any longer pruned."""
+    parallel = trainer.policy.parallel
+    store = trainer.store
     if generator is None or metrics.trained or not generator.in_process:
         # A step that trained nothing left the weights as an in-process engine holds them: no
         # reload. (A server gets each version under its name, which workers look up.)
@@ -367,7 +397,6 @@ def train_next_version(trainer: CampaignTrainer, generator: Generator | None) ->
         in_flight = store.version_at_oldest_claim(trainer.campaign_id)  # a worker's, if any
         keep = trainer.keep_versions
         prune_versions(trainer.folder, metrics.step, keep, shared=shared, sampled_from=in_flight)
-    return metrics
 
 
 def untrained_note(store: Store, campaign_id: int, every: int) -> str | None:

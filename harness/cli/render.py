@@ -225,6 +225,14 @@ def status_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{report['tokens_per_s']:.0f} tokens/s, {report['evals_per_s']:.2f} evals/s",
             )
         )
+    split = report.get("time_split") or {}
+    if split.get("batches"):
+        rows.append(
+            (
+                f"time (last {split['batches']} batches)",
+                f"{split['line']} ({split['tokens_per_s']:.0f} tokens/s over them)",
+            )
+        )
     last = report["last_step"]
     shown = [
         f"{label} {template.format(last[key])}"

@@ -53,6 +53,7 @@ class Outcome:
     seconds: float
     isolation: tuple[str, ...]  # what was applied, e.g. ("pid-namespace", "uid=61001")
     warnings: tuple[str, ...]  # what could not be, e.g. ("network not isolated: ...",)
+    cpu_seconds: float = 0.0  # the candidate process's user + system time (its rusage)
 
 
 @dataclass(frozen=True)

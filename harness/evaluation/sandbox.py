@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import threading
 import weakref
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,6 +79,10 @@ class Sandbox:
         self._workers = [Slot(slot, tuple(preload), namespaces, hidden) for slot in slots]
         self._free: queue.SimpleQueue[Slot] = queue.SimpleQueue()
         self._closed = False
+        # CPU seconds the candidate processes took, all of them so far (for a campaign's
+        # account of where its time goes: they run outside this process's clock).
+        self.cpu_seconds = 0.0
+        self._counting = threading.Lock()
         self._stop = weakref.finalize(self, stop_all, list(self._workers))
         for worker in self._workers:
             worker.start()  # they import numpy in parallel while the caller gets ready
@@ -118,9 +123,12 @@ class Sandbox:
         body = json.dumps(request, allow_nan=True).encode()
         worker = self._free.get()
         try:
-            return worker.evaluate(body, limits)
+            outcome = worker.evaluate(body, limits)
         finally:
             self._free.put(worker)
+        with self._counting:
+            self.cpu_seconds += outcome.cpu_seconds
+        return outcome
 
     def map(self, calls: Iterable[Call]) -> list[Outcome]:
         """Run the calls in parallel, at most `workers` at a time; outcomes in input order."""

@@ -283,6 +283,7 @@ def _outcome(header: dict[str, Any], payload: bytes, limits: Limits) -> Outcome:
             header["seconds"],
             tuple(header["isolation"]),
             tuple(header["warnings"]),
+            float(header.get("cpu_seconds", 0.0)),
         )
 
     end = header["end"]

@@ -17,6 +17,9 @@ stored config); nothing is kept in a second place:
                   too), without a budget, or with fewer than two groups (no span to measure)
     running     = the campaign's status is "running" and it wrote something in the last
                   max(`ACTIVE_S`, 3 x pace) seconds (a killed run keeps status "running")
+    time_split  = where the last `TIME_WINDOW` batches spent their time, by stage, and the cores
+                  each kept busy (harness/inspect/time_split.py); no batches before a campaign
+                  recorded them
     skipped_steps = training steps that changed no weight and made no version (their events)
     versions    = per policy version (0: the starting weights), what it sampled: groups,
                   rollouts, mean parse rate and pool diversity of its groups, best per objective
@@ -36,13 +39,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.inspect import views
+from harness.inspect import time_split, views
 from harness.records import CampaignRecord, EventRecord, PolicyRecord
 from harness.store import Store
 from harness.store.models import utc_now
 
 # Groups the recent pace is measured over: a few batches of iterations in flight.
 PACE_WINDOW = 50
+# Batches the time split is added over: the recent ones, as for the pace.
+TIME_WINDOW = 20
 # A campaign that wrote nothing for longer than this (or 3 iterations at its pace) is not running.
 ACTIVE_S = 300.0
 # A policy version's folder, as harness/campaign/publish.py names it (not imported: inspecting a
@@ -95,6 +100,9 @@ def progress(store: Store, campaign: CampaignRecord, now: datetime | None = None
         "idle_s": idle,
         "pace_window": len(recent),
         **pace,
+        "time_split": time_split.split(
+            store.recent_payloads(campaign.id, time_split.EVENT, TIME_WINDOW)
+        ).as_json(),
         "steps": len(policies),
         "last_step": dict(policies[-1].metrics) if policies else None,
         **step_accounting(store, campaign.id),

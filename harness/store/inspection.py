@@ -291,6 +291,18 @@ class Inspection(Database):
             rows = connection.execute(query.order_by(EVENT.c.id)).all()
         return [EventRecord(e.id, e.campaign_id, e.kind, e.payload, e.created_at) for e in rows]
 
+    def recent_payloads(self, campaign_id: int, kind: str, last: int) -> list[dict[str, Any]]:
+        """The payloads of the campaign's `last` newest events of `kind`, oldest first (a
+        walk down the (campaign, kind) index: a long campaign's older events are not read)."""
+        with self._reading() as connection:
+            rows = connection.execute(
+                select(EVENT.c.payload)
+                .where(EVENT.c.campaign_id == campaign_id, EVENT.c.kind == kind)
+                .order_by(EVENT.c.id.desc())
+                .limit(last)
+            ).scalars()
+            return [payload for payload in rows][::-1]
+
     def counts(self, campaign_id: int) -> Counts:
         with self._reading() as connection:
             programs = count_by_status(connection, campaign_id)
