@@ -13,6 +13,7 @@ from pathlib import Path
 
 from harness.campaign.generation import FailureStreak, LoopSettings, loop_settings, sample_batch
 from harness.campaign.iteration import SampledIteration
+from harness.campaign.ledger import EVENT, Ledger, batch_payload
 from harness.campaign.loop import evaluate_and_store, prepare
 from harness.campaign.progress import Progress
 from harness.campaign.publish import SavedVersion
@@ -103,9 +104,16 @@ def _run_batch(
         payload = {"iteration": sampled.iteration, "worker": worker}
         store.record_event(campaign_id, "iteration_lost", payload)
 
+    # One thread does it all: its stages follow one another, all on the loop's side.
+    ledger, started = Ledger(time.process_time), time.perf_counter()
     try:
-        batch = sample_batch(campaign, generator, claimed, settings, version)
-        stored.extend(evaluate_and_store(campaign, batch, lost=on_lost))
+        batch = sample_batch(campaign, generator, claimed, settings, version, ledger)
+        stored.extend(evaluate_and_store(campaign, batch, lost=on_lost, ledger=ledger))
+        tokens = sum(c.num_tokens for sampled in batch for c in sampled.completions)
+        wall = time.perf_counter() - started
+        payload = batch_payload([s.iteration for s in stored], tokens, wall, ledger.take(), {})
+        store.record_event(campaign_id, EVENT, payload | {"worker": worker})
+        campaign.progress.time.add(payload)
     except BaseException:
         finished = {s.iteration for s in stored} | set(lost)
         for iteration in claimed:

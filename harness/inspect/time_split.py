@@ -18,7 +18,8 @@ than the whole. A loop stage's CPU seconds are this process's, less the evaluati
 candidates' processes too (their rusage). Cores = CPU seconds / wall seconds.
 
 The event after the last batch holds no iterations: the last wait and the steps on the last
-groups.
+groups. A `vpo worker` does every stage of its batch on one thread, in turn: its events hold
+them all under `loop`, with the worker's name.
 """
 
 from __future__ import annotations
