@@ -1,8 +1,8 @@
 """Discovery at an equal budget of generated tokens: no training, GRPO and VPO in the loop.
 
     python benchmarks/discovery.py [--arms none,grpo,vpo] [--seeds 0,1,2] [--model qwen-coder]
-        [--token-budget 4000] [--group-size 4] [--max-tokens 320] [--concurrency 2]
-        [--train-every 2] [--micro-batch 8] [--keep DIR [--extend]] [--out FILE.md]
+        [--token-budget 4000] [--group-size 4] [--max-tokens 320] [--concurrency 8]
+        [--train-every 8] [--micro-batch 8] [--keep DIR [--extend]] [--out FILE.md]
         [--plot FILE.png]
 
 Arms, on one problem (equation_discovery:oscillator1) with the same model, backend, G,
@@ -17,12 +17,12 @@ Each (arm, seed) is a whole `vpo run` process on a fresh SQLite database with
 `--token-budget`: it stops starting batches once it has generated that many tokens (at most one
 batch past it), so every arm pays the same generation cost; `--iterations` is set high enough
 never to bind. The wall clock runs from start to exit (model loading, evaluation and training
-steps included). Two iterations are in flight by default and a step follows every two new
-groups, so every batch after the first is sampled by weights one step newer (vLLM's CPU default
-of 8 in flight would spend the budget in a batch or two). The defaults match `make demo`'s
-settings but for concurrency: temperature 1.0, 320 tokens, no drafts, LoRA at lr 1e-5, no KL
-term. On 2 idle CPU cores the 3 x 3 runs took 31 minutes (2026-12-02; a trained run 3 to 5
-minutes, most of it its LoRA steps; an untrained one under 3).
+steps included). Eight iterations are in flight by default (vLLM's CPU default: one engine call
+holds eight groups, 2.5x the tokens/s of one group a call, benchmarks/results/loop_speed.md)
+and a step follows each batch of eight groups, so every batch after the first is sampled by
+weights one step newer. At a small `--token-budget` that is few steps: lower both flags
+together to trade tokens/s for steps. The other defaults match `make demo`'s settings:
+temperature 1.0, 320 tokens, no drafts, LoRA at lr 1e-5, no KL term.
 
 Measured per run, from its database: the best score per objective among valid programs as a
 function of the tokens generated before the program's group was stored (a running max; the
@@ -614,14 +614,16 @@ def main() -> None:
     parser.add_argument("--model", default="qwen-coder")
     parser.add_argument("--backend", default="auto")
     parser.add_argument(
-        "--concurrency", type=int, default=2, help="iterations in flight (0: the backend's default)"
+        "--concurrency", type=int, default=8, help="iterations in flight (0: the backend's default)"
     )
     parser.add_argument("--token-budget", type=int, default=4000, help="tokens per run")
     parser.add_argument("--iterations", type=int, default=1000, help="a cap that should not bind")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=320)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--train-every", type=int, default=2)
+    parser.add_argument(
+        "--train-every", type=int, default=8, help="new groups a step (a batch: --concurrency)"
+    )
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-5, help="the LoRA learning rate")
     parser.add_argument("--kl-beta", type=float, default=0.0, help="KL weight (0: no reference)")

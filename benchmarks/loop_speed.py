@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from reporting import publish  # noqa: E402
 
 from harness.campaign.loop import evolve, open_campaign, prepare, run_campaign  # noqa: E402
-from harness.config.settings import DEFAULT_CONCURRENCY, build  # noqa: E402
+from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig, build  # noqa: E402
 from harness.evaluation.sandbox import Sandbox  # noqa: E402
 from harness.inspect.time_split import EVENT, split  # noqa: E402
 from harness.store import Store  # noqa: E402
@@ -85,6 +85,8 @@ TRAINING = {
     "format_reward": "whole",
     "overlong_buffer": 32,
 }
+# The campaign's nucleus (`top_p`'s default), which the replay samples with too.
+TOP_P = CampaignConfig().top_p
 TARGET_CAMPAIGN = 0.8
 TARGET_BATCH = 0.8
 TARGET_TRAINED = 0.6
@@ -154,8 +156,11 @@ def campaign(
     )
 
 
-def replay(engine: Any, groups: list[list[tuple[list[int], int]]], per_call: int) -> float:
-    """The engine alone on these requests, `per_call` groups a `generate` call: tok/s."""
+def replay(
+    engine: Any, groups: list[list[tuple[list[int], int]]], per_call: int, top_p: float = TOP_P
+) -> float:
+    """The engine alone on these requests, `per_call` groups a `generate` call, sampled as the
+    campaign samples (temperature, `top_p`, one log-prob a token, a seed per rollout): tok/s."""
     from vllm import SamplingParams
 
     prompts, params = [], []
@@ -168,7 +173,7 @@ def replay(engine: Any, groups: list[list[tuple[list[int], int]]], per_call: int
                 params.append(
                     SamplingParams(
                         temperature=CAMPAIGN["temperature"],
-                        top_p=1.0,
+                        top_p=top_p,
                         max_tokens=max(length, 1),
                         min_tokens=max(length, 1),
                         ignore_eos=True,
