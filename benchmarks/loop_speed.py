@@ -200,6 +200,7 @@ def one_model(model: str, args: argparse.Namespace, folder: Path) -> dict[str, A
     print(f"{model}: engine up in {load:.0f} s", flush=True)
     runs: list[Run] = []
     sweep: dict[str, dict[int, float]] = {}
+    result_beside: dict[int, float] = {}
     try:
         for c in args.concurrency:
             runs.append(campaign(generator, folder, f"{model}-c{c}", c, args.tokens))
@@ -216,6 +217,10 @@ def one_model(model: str, args: argparse.Namespace, folder: Path) -> dict[str, A
         widest = max((r for r in runs if not r.label.endswith("-seq")), key=lambda r: r.concurrency)
         groups = widest.requests[: args.replay_groups]
         sweep["prefix caching on (vLLM's default)"] = _sweep(generator.engine, groups, args.sweep)
+        for busy in args.beside:
+            first = groups[: widest.concurrency]  # one call
+            result_beside[busy] = beside(generator.engine, first, widest.concurrency, busy)
+            print(f"  {busy} busy processes beside: {result_beside[busy]:.1f} tok/s", flush=True)
         if args.no_cache_engine:
             plain = VLLMGenerator(model, enable_prefix_caching=False)
             try:
@@ -229,7 +234,43 @@ def one_model(model: str, args: argparse.Namespace, folder: Path) -> dict[str, A
             _say(runs[-1])
     finally:
         generator.close()
-    return {"model": model, "load": load, "runs": runs, "sweep": sweep, "swept": len(groups)}
+    return {
+        "model": model,
+        "load": load,
+        "runs": runs,
+        "sweep": sweep,
+        "swept": len(groups),
+        "beside": {"batch": widest.concurrency, **result_beside},
+    }
+
+
+def _burn(stop: Any) -> None:
+    """One core's worth of single-threaded numpy, as a fit in the sandbox is."""
+    import numpy as np
+
+    values = np.random.default_rng(0).random((200, 200))
+    while not stop.is_set():
+        values = np.sin(values) + 0.1
+
+
+def beside(engine: Any, groups: list, per_call: int, busy: int) -> float:
+    """The engine alone on these requests with `busy` CPU-bound processes running meanwhile
+    (evaluation beside generation): tok/s."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    stop = context.Event()
+    burners = [context.Process(target=_burn, args=(stop,)) for _ in range(busy)]
+    for burner in burners:
+        burner.start()
+    try:
+        time.sleep(2.0)  # started and burning
+        engine.reset_prefix_cache()
+        return replay(engine, groups, per_call)
+    finally:
+        stop.set()
+        for burner in burners:
+            burner.join()
 
 
 def _sweep(engine: Any, groups: list, sizes: list[int]) -> dict[int, float]:
@@ -258,6 +299,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"- machine: {os.cpu_count()} CPUs, {platform.machine()}, Python "
         f"{platform.python_version()}",
         "- command: `python benchmarks/loop_speed.py " + " ".join(sys.argv[1:]) + "`",
+        f"- environment: {_environment()}",
         f"- {PROBLEM}, compact candidates, G = 4, m = 3, two drafts, max_tokens 160, "
         f"temperature 1; each campaign up to {args.tokens} tokens on a fresh database; the "
         "trained ones: VPO, LoRA rank 16, lr 1e-4, a step on each batch's groups, each batch "
@@ -316,6 +358,17 @@ def _model_tables(result: dict[str, Any], default: int) -> list[str]:
             + " |",  # fmt: skip
             "",
         ]
+    crowd = {k: v for k, v in result.get("beside", {}).items() if k != "batch"}
+    if crowd:
+        lines += [
+            f"The engine alone on the first {result['beside']['batch']} of them in one call, with "
+            "CPU-bound processes beside it (single-threaded numpy, as a fit in the sandbox):",
+            "",
+            "| processes beside | " + " | ".join(str(k) for k in crowd) + " |",
+            "|---|" + "---:|" * len(crowd),
+            "| tok/s | " + " | ".join(f"{v:.1f}" for v in crowd.values()) + " |",
+            "",
+        ]
     lines += _verdicts(result, untrained, default)
     return lines
 
@@ -359,6 +412,14 @@ def _verdicts(result: dict[str, Any], untrained: dict[int, Run], default: int) -
     return lines
 
 
+def _environment() -> str:
+    import torch
+
+    shown = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "VLLM_CPU_KVCACHE_SPACE")
+    found = [f"{name}={os.environ[name]}" for name in shown if name in os.environ]
+    return ", ".join([f"torch {torch.__version__}", *found])
+
+
 def _numbers(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -373,9 +434,16 @@ def main() -> None:
     parser.add_argument("--sweep", type=_numbers, default=[1, 2, 4, 8, 16])
     parser.add_argument("--replay-groups", type=int, default=16)
     parser.add_argument("--no-cache-engine", action="store_true")
+    parser.add_argument(
+        "--beside", type=_numbers, default=[0, 1], help="busy processes beside a replay"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    if not args.concurrency or min(args.concurrency + args.trained + args.sweep) < 1:
+    if (
+        not args.concurrency
+        or min(args.concurrency + args.trained + args.sweep) < 1
+        or (args.beside and min(args.beside) < 0)
+    ):
         parser.error("--concurrency, --trained and --sweep take whole numbers >= 1")
     results = []
     with tempfile.TemporaryDirectory(prefix="vpo-loop-speed-") as folder:
