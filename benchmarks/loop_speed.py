@@ -221,12 +221,6 @@ def one_model(model: str, args: argparse.Namespace, folder: Path) -> dict[str, A
             first = groups[: widest.concurrency]  # one call
             result_beside[busy] = beside(generator.engine, first, widest.concurrency, busy)
             print(f"  {busy} busy processes beside: {result_beside[busy]:.1f} tok/s", flush=True)
-        if args.no_cache_engine:
-            plain = VLLMGenerator(model, enable_prefix_caching=False)
-            try:
-                sweep["prefix caching off"] = _sweep(plain.engine, groups, args.sweep)
-            finally:
-                plain.close()
         for c in args.trained:
             runs.append(
                 campaign(generator, folder, f"{model}-c{c}-vpo", c, args.tokens, trained=True)
@@ -234,6 +228,12 @@ def one_model(model: str, args: argparse.Namespace, folder: Path) -> dict[str, A
             _say(runs[-1])
     finally:
         generator.close()
+    if args.no_cache_engine:  # after the first is closed: two engines do not share a process
+        plain = VLLMGenerator(model, enable_prefix_caching=False)
+        try:
+            sweep["prefix caching off"] = _sweep(plain.engine, groups, args.sweep)
+        finally:
+            plain.close()
     return {
         "model": model,
         "load": load,
