@@ -18,7 +18,7 @@ Each (arm, seed) is a whole `vpo run` process on a fresh SQLite database with
 batch past it), so every arm pays the same generation cost; `--iterations` is set high enough
 never to bind. The wall clock runs from start to exit (model loading, evaluation and training
 steps included). Eight iterations are in flight by default (vLLM's CPU default: one engine call
-holds eight groups, 2.5x the tokens/s of one group a call, benchmarks/results/loop_speed.md)
+holds eight groups: 3.1-3.6x the tokens/s of one group a call, docs/generation.md)
 and a step follows each batch of eight groups, so every batch after the first is sampled by
 weights one step newer. At a small `--token-budget` that is few steps: lower both flags
 together to trade tokens/s for steps. The other defaults match `make demo`'s settings:
