@@ -121,6 +121,12 @@ def test_context_tokens_is_the_engines_max_model_len(engine: VLLMGenerator) -> N
     assert engine.context_tokens() == engine.engine.llm_engine.model_config.max_model_len
 
 
+def test_the_engine_caches_prompt_prefixes(engine: VLLMGenerator) -> None:
+    """A campaign's prompts share their statement, a group's rollouts their whole prompt: the
+    cache is asked for by name, not left to vLLM's default (docs/generation.md)."""
+    assert engine.engine.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
+
+
 def test_count_tokens_is_the_length_of_the_prompt_generate_sends(engine: VLLMGenerator) -> None:
     groups = engine.generate(PROMPTS, 1, GREEDY)
     counts = [engine.count_tokens(messages) for messages in PROMPTS]
