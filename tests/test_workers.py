@@ -56,6 +56,13 @@ def _workers_and_follower(url: str, model: str, tmp_path: Path) -> None:
     assert sum(int(out.rsplit(":", 1)[1].split()[0]) for out in done) == budget
     assert f"{budget // every} steps" in trained
     state = check_invariants(url, budget, every, unique_code=False)
+    # Each worker's batches record their stages, every one on the worker's own thread.
+    with Store.open(url) as store:
+        (campaign,) = store.campaigns()
+        timed = [e.payload for e in store.events(campaign.id, "stages")]
+    assert sorted(k for p in timed for k in p["iterations"]) == list(range(budget))
+    assert timed and {p["worker"] for p in timed} <= {"w0", "w1", "w2"}
+    assert all({"generating", "evaluating", "storing"} <= set(p["loop"]) for p in timed)
 
     # A worker that starts later samples from the newest version the trainer recorded.
     finish(worker(url, model, budget + 2, "late"))
