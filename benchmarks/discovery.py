@@ -21,7 +21,9 @@ steps included). Eight iterations are in flight by default (vLLM's CPU default: 
 holds eight groups: 3.1-3.6x the tokens/s of one group a call, docs/generation.md)
 and a step follows each batch of eight groups, so every batch after the first is sampled by
 weights one step newer. At a small `--token-budget` that is few steps: lower both flags
-together to trade tokens/s for steps. The other defaults match `make demo`'s settings:
+together to trade tokens/s for steps. At 21,000 tokens the untrained arm found less at 8 than
+at 1 on both of two paired seeds (docs/generation.md): to compare with the committed grid, pass
+`--concurrency 1 --train-every 1` as it did. The other defaults match `make demo`'s settings:
 temperature 1.0, 320 tokens, no drafts, LoRA at lr 1e-5, no KL term.
 
 Measured per run, from its database: the best score per objective among valid programs as a
