@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
-from harness.inspect.time_split import EVENT
-
 
 class Ledger:
     """Wall and CPU seconds by stage, on one thread; `cpu` reads that thread's CPU clock."""
@@ -109,6 +107,3 @@ def batch_payload(
         "loop": loop,
         "beside": beside,
     }
-
-
-__all__ = ["EVENT", "Ledger", "LoopClock", "batch_payload", "timed"]

@@ -31,7 +31,7 @@ from harness.campaign.iteration import (
     new_program,
     rollout_records,
 )
-from harness.campaign.ledger import EVENT, Ledger, LoopClock, batch_payload, timed
+from harness.campaign.ledger import Ledger, LoopClock, batch_payload, timed
 from harness.campaign.novelty import Novelty
 from harness.campaign.population import Population
 from harness.campaign.progress import Progress
@@ -50,6 +50,7 @@ from harness.config.settings import CampaignConfig
 from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate, evaluate_many
 from harness.evaluation.sandbox import Sandbox
+from harness.inspect.time_split import EVENT
 from harness.llm import Generator
 from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.store import Store

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from harness.campaign.generation import FailureStreak, LoopSettings, loop_settings, sample_batch
 from harness.campaign.iteration import SampledIteration
-from harness.campaign.ledger import EVENT, Ledger, batch_payload
+from harness.campaign.ledger import Ledger, batch_payload
 from harness.campaign.loop import evaluate_and_store, prepare
 from harness.campaign.progress import Progress
 from harness.campaign.publish import SavedVersion
@@ -22,6 +22,7 @@ from harness.campaign.training import base_generator, resolve_backend
 from harness.config.errors import UserError
 from harness.config.settings import CampaignConfig
 from harness.evaluation.sandbox import Sandbox
+from harness.inspect.time_split import EVENT
 from harness.llm import Generator, make_generator
 from harness.records import PolicyRecord
 from harness.store import Store
