@@ -274,6 +274,10 @@ class TrainingRollout:
     # Per candidate: whether it repeated its parent or a program stored before its iteration.
     lazy: tuple[bool, ...] = ()
     sampled_step: int | None = None  # the policy version (step) that sampled it; 0: the base
+    # Per candidate: the program it names (None: not parsed), and whether that program ran and
+    # was scored (status "ok"); empty for rollouts built without them (every slot then counts).
+    programs: tuple[int | None, ...] = ()
+    valid: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,6 +287,8 @@ class TrainingGroup:
     id: int
     iteration: int
     rollouts: tuple[TrainingRollout, ...]
+    island: int = 0
+    parent_id: int | None = None  # the program its prompt showed as the parent
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,9 @@ from problems.equation_discovery import (
     EquationDiscovery,
     LogFit,
     dataset,
+    earned,
 )
+from problems.equation_discovery.grammar import simplicity
 from problems.registry import ProblemLoadError, load
 
 ROOT = Path(__file__).parents[1]
@@ -231,6 +233,20 @@ def test_simplicity_needs_a_fit_that_halves_the_error_of_the_mean_and_the_seed()
     assert problem.objective("fit_id").normalise(raw["fit_id"]) < 0.05
 
 
+def test_simplicity_is_earned_by_the_fit_and_lost_by_padding() -> None:
+    """0 for an equation no better than the mean, rising on a log scale to all of it at the
+    gate; a padded copy of an equation (the same predictions, a larger size) earns less."""
+    assert earned(1.0, 0.05) == 0.0 and earned(3.0, 0.05) == 0.0 and earned(math.nan, 0.05) == 0
+    assert earned(0.05, 0.05) == 1.0 and earned(1e-9, 0.05) == 1.0
+    assert earned(math.sqrt(0.05), 0.05) == pytest.approx(0.5)
+    shares = [earned(x, 0.05) for x in np.geomspace(0.99, 0.05, 20)]
+    assert shares == sorted(shares) and shares[0] > 0
+    problem = EquationDiscovery("oscillator1")
+    padded = HEADER + "    return params[0] * x + params[1] * v + params[2] + params[3] * 0 * x\n"
+    plain, more = (problem.score(*predicted(problem, code)) for code in (None, padded))
+    assert plain["fit_id"] == more["fit_id"] and 0 < more["simplicity"] < plain["simplicity"]
+
+
 def test_a_fit_the_fresh_process_does_not_reproduce_is_refused() -> None:
     """The fit reports its training error; the predictions made from its constants in another
     process must give the same (to rounding), or the fit is not the equation scored."""
@@ -301,8 +317,14 @@ def test_seeds_score_near_zero_at_llm_srs_reference_floor(sandbox: Sandbox, key:
     problem = EquationDiscovery(key)
     evaluation = evaluate(problem, problem.seed_program, sandbox)
     assert evaluation.status == "ok", evaluation.reason
-    assert all(v < 0.22 for v in evaluation.scores.values()), evaluation.scores
-    assert evaluation.scores["simplicity"] == 0.0  # the gate: half the seed's error
+    assert evaluation.scores["fit_id"] < 0.22 and evaluation.scores["fit_ood"] < 0.22
+    # The seed earns the share of its simplicity its own fit earns: below all of it (which
+    # takes half the seed's error), 0 where the seed is no better than the mean.
+    equation = problem.read(problem.seed_program)
+    assert equation is not None
+    share = earned(SPECS[key].seed_nmse[0], problem.simplicity_gate)
+    assert evaluation.scores["simplicity"] == pytest.approx(simplicity(equation.size) * share)
+    assert share < 1 and (share == 0) == (SPECS[key].seed_nmse[0] >= 1)
     measured = (evaluation.raw["fit_id"], evaluation.raw["fit_ood"])
     assert measured == pytest.approx(SPECS[key].seed_nmse, rel=1e-6)
     assert measured == pytest.approx(FLOOR[key], rel=5e-3)
@@ -428,9 +450,14 @@ def test_printing_claims_and_mutating_arguments_change_nothing(sandbox: Sandbox)
     seed, printed, mutated = evaluate_many(
         problem, [problem.seed_program, claims, mutating], sandbox
     )
-    assert printed.status == "ok" and printed.scores == seed.scores
+    # The fits are the seed's (simplicity is 0 for both: no grammar reads their statements).
+    fits = ("fit_id", "fit_ood")
+    assert printed.status == "ok" and [printed.scores[k] for k in fits] == [
+        seed.scores[k] for k in fits
+    ]
     assert "NMSE 0.0" in printed.artifacts["fit"]["stdout"]
-    assert mutated.status == "ok" and mutated.raw == seed.raw
+    assert mutated.status == "ok" and [mutated.raw[k] for k in fits] == [seed.raw[k] for k in fits]
+    assert printed.scores["simplicity"] == mutated.scores["simplicity"] == 0
 
 
 def test_the_grammar_refuses_or_zeroes_every_hostile_program(sandbox: Sandbox) -> None:
@@ -523,7 +550,10 @@ def test_the_sandbox_hides_the_test_targets(sandbox: Sandbox) -> None:
     assert evaluation.status == "ok", evaluation.reason
     assert "nothing found" in evaluation.artifacts["fit"]["stdout"]
     seed = evaluate(EquationDiscovery("oscillator1"), EquationDiscovery().seed_program, sandbox)
-    assert evaluation.scores == seed.scores and evaluation.scores["fit_id"] < 0.22
+    # The seed's fits (its simplicity is 0: the grammar does not read the stealing program).
+    fits = ("fit_id", "fit_ood")
+    assert [evaluation.scores[k] for k in fits] == [seed.scores[k] for k in fits]
+    assert evaluation.scores["fit_id"] < 0.22
 
 
 def test_each_problem_declares_its_data_private() -> None:

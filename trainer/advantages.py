@@ -13,6 +13,10 @@ The advantage of a rollout is given to every one of its completion tokens by the
   K draws shared by a group's G rollouts, then z-normalised within the group with the
   population std; exact zeros where that std < eps (Bahlous-Boldi et al., arXiv 2605.22817, the
   authors' `vpo_advantage`).
+  With a reference (a parent, a front) the set score is the R2 gain over it, and a cost per
+  rollout (its wasted slots) can be taken off (`set_scores`).
+- `entropic_advantages`: TTT-Discover's entropic objective on the same set score: w - 1 with
+  w = exp(beta R) / mean exp(beta R), beta per group from a KL budget (arXiv 2601.16175).
 - `grpo_advantages`: scalar = mean of the vector of the single candidate (m = 1), z-normalised
   within the group (Shao et al., arXiv 2402.03300; Bessel-corrected std as veRL's GRPO).
 - `multi_rlvr_advantages`: the GRPO scalar summed over a rollout's candidates, a candidate whose
@@ -50,24 +54,139 @@ def vpo_advantages(
     weights: Tensor | None = None,
     generator: torch.Generator | None = None,
     eps: float = EPS,
+    reference: Tensor | None = None,
+    reference_mask: Tensor | None = None,
+    cost: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """VPO: (advantages, set scores), both (B, G).
 
     `weights` (B, K, d) fixes the Dirichlet draws (one set per group, shared by its G rollouts);
-    otherwise K = `num_weights` are drawn from Dirichlet(alpha) with `generator`.
+    otherwise K = `num_weights` are drawn from Dirichlet(alpha) with `generator`. With a
+    `reference` (B, P, d) and its `reference_mask` (B, P), the set score is the set's gain over
+    it (`set_scores`); `cost` (B, G) is taken off each rollout's set score.
     """
-    batch, _, _, dims = _check(scores, mask)
+    values = set_scores(
+        scores,
+        mask,
+        num_weights=num_weights,
+        alpha=alpha,
+        weights=weights,
+        generator=generator,
+        reference=reference,
+        reference_mask=reference_mask,
+        cost=cost,
+    )
+    return standardise(values, eps=eps, unbiased=False), values
+
+
+def set_scores(
+    scores: Tensor,
+    mask: Tensor,
+    *,
+    num_weights: int = 100,
+    alpha: float = 1.0,
+    weights: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reference: Tensor | None = None,
+    reference_mask: Tensor | None = None,
+    cost: Tensor | None = None,
+) -> Tensor:
+    """(B, G): each rollout's set score E_w[max_c w . r_c], the R2 indicator of its candidates
+    under w ~ Dirichlet(alpha); a rollout without a real candidate scores 0.
+
+    With a `reference` (B, P, d) (the vectors a group is measured against: its parent, or the
+    front of what the campaign held; `reference_mask` (B, P) True for real rows), the score is
+    the R2 gain over it, E_w[max(0, max_c w . r_c - max_p w . ref_p)]: what the candidates add
+    beyond what is known under each w, 0 for a set that only restates it. A group without a
+    real reference row is measured against 0, which is the absolute score (scores are >= 0).
+    `cost` (B, G) is then subtracted (a rollout's wasted candidate slots)."""
+    batch, group, _, dims = _check(scores, mask)
     if weights is None:
         weights = dirichlet((batch, num_weights, dims), alpha, generator, scores)
     elif weights.dim() != 3 or weights.shape[0] != batch or weights.shape[2] != dims:
         raise ValueError(f"weights must be (B={batch}, K, d={dims}), got {tuple(weights.shape)}")
+    weights = weights.to(scores.dtype)
+    rows = scores.shape[1] * scores.shape[2]
+    points = scores.reshape(batch, rows, dims)
+    if reference is not None:
+        if reference_mask is None:
+            reference_mask = torch.ones(reference.shape[:2], dtype=torch.bool)
+        if (
+            reference.dim() != 3
+            or reference.shape[0] != batch
+            or reference.shape[2] != dims
+            or reference_mask.shape != reference.shape[:2]
+        ):
+            raise ValueError(
+                f"reference must be (B={batch}, P, d={dims}) with a (B, P) mask, got "
+                f"{tuple(reference.shape)} and {tuple(reference_mask.shape)}"
+            )
+        # One product for candidates and reference rows alike: a candidate equal to a front
+        # point gets the very same value under each w, so its gain is exactly 0.
+        points = torch.cat([points, reference.to(scores.dtype)], dim=1)
+    products = torch.einsum("bnd,bkd->bnk", points, weights)
     # (B, G, m, K): each candidate's value under each weight vector of its group.
-    values = torch.einsum("bgmd,bkd->bgmk", scores, weights.to(scores.dtype))
+    values = products[:, :rows].reshape(*scores.shape[:3], -1)
     values = values.masked_fill(~mask.unsqueeze(-1), -math.inf)
     best = values.amax(dim=2)  # (B, G, K): the set's best candidate under each w
     best = torch.where(mask.any(dim=2, keepdim=True), best, torch.zeros_like(best))
-    set_scores = best.mean(dim=-1)
-    return standardise(set_scores, eps=eps, unbiased=False), set_scores
+    if reference is not None:
+        known = products[:, rows:].masked_fill(~reference_mask.unsqueeze(-1), -math.inf)
+        known = known.amax(dim=1)
+        known = torch.where(torch.isfinite(known), known, torch.zeros_like(known))  # (B, K)
+        best = (best - known.unsqueeze(1)).clamp_min(0)
+    result = best.mean(dim=-1)
+    if cost is not None:
+        if cost.shape != (batch, group):
+            raise ValueError(f"cost must be (B={batch}, G={group}), got {tuple(cost.shape)}")
+        result = result - cost.to(result.dtype)
+    return result
+
+
+def entropic_advantages(
+    scores: Tensor,
+    mask: Tensor,
+    *,
+    budget: float = math.log(2),
+    **set_options: object,
+) -> tuple[Tensor, Tensor]:
+    """The entropic objective log E[exp(beta R)] of TTT-Discover (Yuksekgonul et al., arXiv
+    2601.16175) on the set score R (`set_scores`, with the same options as VPO): each rollout's
+    advantage is w - 1, w = exp(beta R) / mean_group exp(beta R), with beta >= 0 chosen per
+    group so that KL(q || uniform) = `budget` for q = softmax(beta R) (`entropic_beta`). As beta
+    grows the objective tends to the group's max, so a rollout is paid for being the best of
+    its group far more than for being above its mean."""
+    if not budget > 0:
+        raise ValueError(f"the entropic KL budget must be > 0, got {budget}")
+    values = set_scores(scores, mask, **set_options)  # type: ignore[arg-type]
+    beta = entropic_beta(values, budget)
+    shifted = (values - values.amax(dim=1, keepdim=True)) * beta.unsqueeze(1)
+    weights = torch.softmax(shifted, dim=1) * values.shape[1]
+    advantages = torch.where(beta.unsqueeze(1) > 0, weights - 1, torch.zeros_like(weights))
+    return advantages, values
+
+
+def entropic_beta(rewards: Tensor, budget: float, *, steps: int = 100) -> Tensor:
+    """(B,): per row of `rewards` (B, G), the beta >= 0 with KL(softmax(beta r) || uniform) =
+    `budget`, by bisection (the KL grows with beta, from 0 to log(G / ties at the max)). A row
+    whose rewards are all equal gets 0; one that cannot reach the budget gets the largest beta
+    tried (its weight then sits on its best rollouts)."""
+    group = rewards.shape[1]
+    rewards = rewards.to(torch.float64)
+    spread = rewards.amax(dim=1) - rewards.amin(dim=1)
+    flat = spread <= EPS
+    # Past beta * spread = 60 the weights no longer move in float64.
+    high = torch.where(flat, torch.ones_like(spread), 60.0 / spread.clamp_min(EPS))
+    low = torch.zeros_like(high)
+    centred = rewards - rewards.amax(dim=1, keepdim=True)
+    for _ in range(steps):
+        middle = (low + high) / 2
+        q = torch.softmax(centred * middle.unsqueeze(1), dim=1)
+        kl = math.log(group) + (q * torch.log(q.clamp_min(1e-300))).sum(dim=1)
+        above = kl > budget
+        high = torch.where(above, middle, high)
+        low = torch.where(above, low, middle)
+    return torch.where(flat, torch.zeros_like(low), (low + high) / 2)
 
 
 def grpo_advantages(
@@ -160,6 +279,7 @@ def rw_grpo_advantages(
 
 ESTIMATORS: dict[str, Estimator] = {
     "vpo": vpo_advantages,
+    "entropic": entropic_advantages,
     "grpo": grpo_advantages,
     "multi_rlvr": multi_rlvr_advantages,
     "max_at_k": max_at_k_advantages,
@@ -168,6 +288,8 @@ ESTIMATORS: dict[str, Estimator] = {
     "rw_grpo": rw_grpo_advantages,
 }
 
+# The estimators whose set score can be measured against a reference and charged a cost.
+MEASURED = ("vpo", "entropic")
 # The estimators that score one candidate per rollout.
 SINGLE_CANDIDATE = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 

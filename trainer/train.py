@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from trainer.activations import LOGIT_SHARE
-from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
+from trainer.advantages import ESTIMATORS, MEASURED, SINGLE_CANDIDATE
 from trainer.logprobs import (
     PACKABLE,
     Row,
@@ -81,6 +81,11 @@ class Group:
     rollouts: Sequence[Rollout]
     scores: np.ndarray  # (G, m, d), >= 0 (1 = the best known value; above 1 beats it)
     mask: np.ndarray  # (G, m) True for candidates that exist, parsed and were evaluated
+    # (P, d): what the group is measured against (its parent's vector, or the front of what the
+    # campaign held before it): the set score becomes the gain over it (vpo, entropic). None:
+    # absolute scores, as in the VPO paper.
+    reference: np.ndarray | None = None
+    cost: np.ndarray | None = None  # (G,): taken off each rollout's set score (wasted slots)
 
     def __post_init__(self) -> None:
         scores = np.asarray(self.scores, dtype=np.float64)
@@ -96,6 +101,16 @@ class Group:
             raise ValueError("scores must be finite and >= 0")
         object.__setattr__(self, "scores", scores)
         object.__setattr__(self, "mask", mask)
+        if self.reference is not None:
+            reference = np.asarray(self.reference, dtype=np.float64).reshape(-1, scores.shape[2])
+            if not np.all(np.isfinite(reference)):
+                raise ValueError("a group's reference vectors must be finite")
+            object.__setattr__(self, "reference", reference)
+        if self.cost is not None:
+            cost = np.asarray(self.cost, dtype=np.float64)
+            if cost.shape != (scores.shape[0],) or not np.all(np.isfinite(cost)):
+                raise ValueError(f"a group's cost must be {scores.shape[0]} finite numbers")
+            object.__setattr__(self, "cost", cost)
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,8 @@ class TrainConfig:
     num_weights: int = 100  # K Dirichlet draws per group (VPO)
     alpha: float = 1.0  # Dirichlet concentration (VPO)
     k: int | None = None  # max@k's k; default max(2, G // 2)
+    # entropic: KL(q || uniform) of each group's weights q = softmax(beta R) (TTT-Discover's ln 2)
+    kl_budget: float = math.log(2)
     loss: LossConfig = field(default_factory=LossConfig)
     micro_batch: int = 8  # rollouts per forward/backward
     logit_chunk: int = 2048  # completion tokens per chunk of the vocabulary projection
@@ -135,6 +152,8 @@ class TrainConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.micro_batch < 1 or self.logit_chunk < 1 or self.num_weights < 1:
             raise ValueError("micro_batch, logit_chunk and num_weights must be >= 1")
+        if not 0 < self.kl_budget <= 100:
+            raise ValueError(f"kl_budget must be in (0, 100], got {self.kl_budget}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not self.mismatch_gap > 0:
@@ -224,13 +243,22 @@ def compute_advantages(
     """One advantage per rollout, groups of the same (G, m, d) batched together."""
     estimator = ESTIMATORS[config.advantage]
     options: dict[str, Any] = {}
-    if config.advantage == "vpo":
+    if config.advantage in ("vpo", "entropic"):
         options = {"num_weights": config.num_weights, "alpha": config.alpha}
         options["generator"] = generator
+        if config.advantage == "entropic":
+            options["budget"] = config.kl_budget
     elif config.advantage == "rw_grpo":
         options = {"generator": generator}
     elif config.advantage == "max_at_k":
         options = {"k": config.k}
+    if config.advantage not in MEASURED and any(
+        g.reference is not None or g.cost is not None for g in groups
+    ):
+        raise ValueError(
+            f"a reward against a reference or a slot cost needs --advantage "
+            f"{' or '.join(MEASURED)}, not {config.advantage}"
+        )
     buckets: dict[tuple[int, ...], list[int]] = {}
     for index, group in enumerate(groups):
         buckets.setdefault(group.scores.shape, []).append(index)
@@ -246,7 +274,8 @@ def compute_advantages(
             )
         scores = torch.from_numpy(np.stack([groups[i].scores for i in members]))
         mask = torch.from_numpy(np.stack([groups[i].mask for i in members]))
-        values, scalars = estimator(scores, mask, **options)
+        measured = _measured_against([groups[i] for i in members], shape)
+        values, scalars = estimator(scores, mask, **options, **measured)
         zero += int((values == 0).all(dim=1).sum())
         for group_scores, group_mask in zip(scores.numpy(), mask.numpy(), strict=True):
             # Per group, over its real candidates (all G x m); fewer than two are left out.
@@ -262,6 +291,26 @@ def compute_advantages(
         zero_std_groups=zero,
         diversity=diversity,
     )
+
+
+def _measured_against(groups: Sequence[Group], shape: tuple[int, ...]) -> dict[str, Tensor]:
+    """The reference (B, P, d) with its mask, padded to the longest, and the cost (B, G) of
+    groups of one shape; only what some group has."""
+    found: dict[str, Tensor] = {}
+    if any(g.reference is not None for g in groups):
+        rows = max(1, *(0 if g.reference is None else len(g.reference) for g in groups))
+        reference = torch.zeros((len(groups), rows, shape[2]), dtype=torch.float64)
+        present = torch.zeros((len(groups), rows), dtype=torch.bool)
+        for i, group in enumerate(groups):
+            if group.reference is not None and len(group.reference):
+                reference[i, : len(group.reference)] = torch.from_numpy(group.reference)
+                present[i, : len(group.reference)] = True
+        found = {"reference": reference, "reference_mask": present}
+    if any(g.cost is not None for g in groups):
+        found["cost"] = torch.from_numpy(
+            np.stack([np.zeros(shape[0]) if g.cost is None else g.cost for g in groups])
+        )
+    return found
 
 
 def train_step(

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.campaign.rewards import to_group
+from harness.campaign.rewards import references, to_group
 from harness.campaign.trackers import open_reporter
 from harness.campaign.training import (
     load_policy,
@@ -137,6 +137,9 @@ def train_offline(
     from trainer.distributed import Parallel
 
     objectives = store.objectives(campaign_id)
+    stored = store.training_groups(campaign_id)
+    training = settings.training
+    against = references(store, campaign_id, stored, objectives, training.reward_reference)
     groups = [
         g
         for g in (
@@ -144,12 +147,14 @@ def train_offline(
                 t,
                 objectives,
                 candidates,
-                settings.training.duplicate_reward,
+                training.duplicate_reward,
                 versions=False,
-                format_reward=settings.training.format_reward,
-                overlong=(settings.training.overlong_buffer, max_tokens),
+                format_reward=training.format_reward,
+                overlong=(training.overlong_buffer, max_tokens),
+                reference=against.get(t.id),
+                slot_cost=training.slot_cost,
             )
-            for t in store.training_groups(campaign_id)
+            for t in stored
         )
         if g is not None
     ]
@@ -160,7 +165,6 @@ def train_offline(
     steps = settings.steps if settings.steps is not None else len(batches)
     parallel = parallel or Parallel()
     rank, processes = parallel.rank, parallel.world
-    training = settings.training
     policy, config = load_policy(training, parallel=parallel)
     history = []
     for index in range(steps):

@@ -1,5 +1,7 @@
 """What a stored group scores when a step trains on it: the rules for a lazy duplicate, a rollout
-whose candidates did not all parse, and a completion that ran into the token limit."""
+whose candidates did not all parse, a completion that ran into the token limit, what a group is
+measured against (its parent, or the front the campaign or its island held before it), and what
+each wasted candidate slot costs."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harness.records import TrainingGroup
+from harness.records import TrainingGroup, TrainingRollout
 
 if TYPE_CHECKING:
+    from harness.store import Store
     from trainer.train import Group
 
 
@@ -30,6 +33,8 @@ def to_group(
     versions: bool = True,
     format_reward: str = "partial",
     overlong: tuple[int, int] = (0, 0),
+    reference: np.ndarray | None = None,
+    slot_cost: float = 0.0,
 ) -> Group | None:
     """The (G, m, d) score matrix and mask of a stored group; slots without a program are
     masked out, so they never enter the max (a failed program's zeros are kept: per-objective
@@ -41,7 +46,9 @@ def to_group(
     (L - max_tokens + buffer) / buffer of every score, all of them at the limit (scores stay
     >= 0, so DAPO's additive -1 becomes a factor). `versions` off: the trained
     policy's steps are not the campaign's policy versions (offline training starts a model of
-    its own), so the rollouts' versions are left out."""
+    its own), so the rollouts' versions are left out. `reference` (P, d): the vectors the set
+    score is measured against (`references`). `slot_cost`: each rollout loses this times the
+    share of its m slots that were wasted (`wasted_slots`)."""
     from trainer.train import Group, Rollout
 
     if not stored.rollouts:
@@ -59,7 +66,13 @@ def to_group(
             if not (lazy and duplicate_reward == "zero"):
                 scores[i, j] = [slot.get(name, 0.0) for name in objectives]
         scores[i] *= 1 - overlong_penalty(len(rollout.token_ids), *overlong)
+    cost = None
+    if slot_cost:
+        share = [wasted_slots(r, candidates) / candidates for r in stored.rollouts]
+        cost = slot_cost * np.array(share)
     return Group(
+        reference=reference,
+        cost=cost,
         rollouts=[
             Rollout(
                 r.prompt_token_ids, r.token_ids, r.logprobs, r.sampled_step if versions else None
@@ -69,3 +82,57 @@ def to_group(
         scores=scores,
         mask=mask,
     )
+
+
+def wasted_slots(rollout: TrainingRollout, candidates: int) -> int:
+    """How many of a rollout's `candidates` slots bring nothing new: missing or not parsed, a
+    lazy repeat of its parent or a stored program, a program that failed to run, or the same
+    program as an earlier slot of the rollout. A rollout stored without program ids counts only
+    its missing slots."""
+    slots = rollout.candidates[:candidates]
+    wasted = candidates - len(slots)
+    seen: set[int] = set()
+    for j, slot in enumerate(slots):
+        program = rollout.programs[j] if j < len(rollout.programs) else None
+        lazy = j < len(rollout.lazy) and rollout.lazy[j]
+        failed = j < len(rollout.valid) and not rollout.valid[j]
+        if slot is None or lazy or failed or program in seen:
+            wasted += 1
+        if program is not None:
+            seen.add(program)
+    return wasted
+
+
+def references(
+    store: Store,
+    campaign_id: int,
+    groups: list[TrainingGroup],
+    objectives: list[str],
+    scope: str,
+) -> dict[int, np.ndarray]:
+    """Group id -> the (P, d) vectors its set score is measured against under `scope`
+    (REFERENCES): its parent's scores (none where the prompt had no scored parent), or the
+    front of the programs its island or the campaign held when the group was stored (those
+    written by earlier groups, and the seeds). "none": no entry."""
+    if scope == "none" or not groups:
+        return {}
+    if scope == "parent":
+        parents = [g.parent_id for g in groups if g.parent_id is not None]
+        scored = {p.id: p for p in store.programs_by_ids(parents)} if parents else {}
+        found = {}
+        for group in groups:
+            parent = scored.get(group.parent_id) if group.parent_id is not None else None
+            if parent is not None and parent.status == "ok":
+                found[group.id] = np.array([[parent.scores.get(n, 0.0) for n in objectives]])
+        return found
+    from trainer.measures import front_points
+
+    islands, written, scores = store.archive(campaign_id, objectives)
+    found = {}
+    for group in groups:
+        held = written < group.id
+        if scope == "island":
+            held &= islands == group.island
+        front = front_points(scores[held]) if held.any() else np.zeros((0, len(objectives)))
+        found[group.id] = front
+    return found

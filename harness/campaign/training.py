@@ -50,13 +50,14 @@ from harness.campaign.publish import (
     safe_name,
     step_name,
 )
-from harness.campaign.rewards import to_group
+from harness.campaign.rewards import references, to_group
 from harness.config.errors import UserError
 from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig
 from harness.config.training import TrainSettings
 
 if TYPE_CHECKING:
     from harness.llm import Generator
+    from harness.records import TrainingGroup
     from harness.store import Store
     from trainer.distributed import Parallel
     from trainer.policy import Policy
@@ -104,6 +105,7 @@ def load_policy(
         raise UserError(str(error)) from None
     step = TrainConfig(
         advantage=settings.advantage,
+        kl_budget=settings.kl_budget,
         num_weights=settings.dirichlet_weights,
         alpha=settings.dirichlet_alpha,
         loss=LossConfig(beta=settings.kl_beta),
@@ -160,6 +162,9 @@ class CampaignTrainer:
     duplicate_reward: str = "zero"  # see TrainSettings
     format_reward: str = "partial"  # see TrainSettings
     overlong_buffer: int = 0  # see TrainSettings
+    reward_reference: str = "none"  # see TrainSettings
+    slot_cost: float = 0.0  # see TrainSettings
+    warmup_samples: int = 0  # see TrainSettings
     max_tokens: int = 0  # the campaign's, where the overlong punishment ends
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
@@ -216,6 +221,9 @@ def start_trainer(
         duplicate_reward=config.duplicate_reward,
         format_reward=config.format_reward,
         overlong_buffer=config.overlong_buffer,
+        reward_reference=config.reward_reference,
+        slot_cost=config.slot_cost,
+        warmup_samples=config.warmup_samples,
         max_tokens=config.max_tokens,
         keep_versions=config.keep_versions,
     )
@@ -324,10 +332,14 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
     step that changed nothing); None when too few groups wait."""
     store = trainer.store
     parallel = trainer.policy.parallel
-    stored = None
-    if parallel.main and store.untrained_count(trainer.campaign_id) >= trainer.every:
-        stored = store.untrained_groups(trainer.campaign_id, trainer.every)
-    stored = parallel.broadcast(stored)
+    stored, against = None, {}
+    if parallel.main:
+        stored = _waiting_groups(trainer)
+        if stored is not None:
+            against = references(
+                store, trainer.campaign_id, stored, trainer.objectives, trainer.reward_reference
+            )
+    stored, against = parallel.broadcast((stored, against))
     if stored is None:
         return None
     groups = [
@@ -338,6 +350,8 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
             trainer.duplicate_reward,
             format_reward=trainer.format_reward,
             overlong=(trainer.overlong_buffer, trainer.max_tokens),
+            reference=against.get(g.id),
+            slot_cost=trainer.slot_cost,
         )
         for g in stored
     ]
@@ -373,6 +387,20 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
     if metrics.trained and trainer.changed_from is None:
         trainer.changed_from = trainer.version_id
     return metrics, folder
+
+
+def _waiting_groups(trainer: CampaignTrainer) -> list[TrainingGroup] | None:
+    """The groups the next step takes: the oldest `every` waiting ones; before the first
+    version, with `warmup_samples`, nothing until that many rollouts wait, then all of them
+    (the first update learns from every sample of the warm-up). None: not yet."""
+    store, campaign = trainer.store, trainer.campaign_id
+    if trainer.warmup_samples and trainer.version_id is None:
+        if store.untrained_rollouts(campaign) < trainer.warmup_samples:
+            return None
+        return store.untrained_groups(campaign, None) or None
+    if store.untrained_count(campaign) < trainer.every:
+        return None
+    return store.untrained_groups(campaign, trainer.every)
 
 
 def _publish_version(

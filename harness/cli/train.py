@@ -315,6 +315,8 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
         duplicate_reward=stored.duplicate_reward,
         format_reward=stored.format_reward,
         overlong_buffer=stored.overlong_buffer,
+        reward_reference=stored.reward_reference,
+        slot_cost=stored.slot_cost,
     )
     training = _training(args, base)
     if training.overlong_buffer >= stored.max_tokens:

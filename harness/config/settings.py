@@ -36,10 +36,12 @@ BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
 # Kept here rather than imported from trainer/, so reading a config never imports torch.
-ADVANTAGES = ("vpo", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
+ADVANTAGES = ("vpo", "entropic", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
 FORMAT_REWARDS = ("partial", "whole")
+# What a group's set score is measured against (harness/campaign/rewards.py `references`).
+REFERENCES = ("none", "parent", "island", "campaign")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 SWITCHES = ("auto", "on", "off")
@@ -164,7 +166,7 @@ class CampaignConfig:
     )
     advantage: str = setting(
         TrainSettings.advantage,
-        "vpo, grpo, multi_rlvr, max_at_k, gdpo, maxrl or rw_grpo ({default})",
+        "vpo, entropic, grpo, multi_rlvr, max_at_k, gdpo, maxrl or rw_grpo ({default})",
         group=TRAINING,
     )
     learning_rate: float = setting(
@@ -200,6 +202,30 @@ class CampaignConfig:
         "tokens before max_tokens where a longer completion starts to lose its scores, "
         "linearly, all of them at the limit (DAPO's soft overlong punishment); 0: off "
         "({default})",
+        group=TRAINING,
+    )
+    reward_reference: str = setting(
+        TrainSettings.reward_reference,
+        "what a rollout's set score is measured against (vpo, entropic): none (absolute, as "
+        "in the VPO paper), parent, island or campaign (the gain over the front it held) "
+        "({default})",
+        group=TRAINING,
+    )
+    slot_cost: float = setting(
+        TrainSettings.slot_cost,
+        "what a rollout loses for its share of wasted candidate slots (unparsed, lazy, failed, "
+        "repeated) ({default}: off)",
+        group=TRAINING,
+    )
+    kl_budget: float = setting(
+        TrainSettings.kl_budget,
+        "the entropic advantage's KL(q || uniform) per group (default: ln 2)",
+        group=TRAINING,
+    )
+    warmup_samples: int = setting(
+        TrainSettings.warmup_samples,
+        "rollouts stored before the first training step, which then takes them all "
+        "({default}: none)",
         group=TRAINING,
     )
     old_logprobs: str = setting(
@@ -309,6 +335,14 @@ class CampaignConfig:
             "overlong_buffer",
             f"a whole number from 0 to max_tokens - 1 ({self.max_tokens - 1})",
         )
+        require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
+        require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
+        measured = self.reward_reference != "none" or self.slot_cost > 0
+        require(
+            not measured or self.advantage in ("vpo", "entropic") or not self.train_every,
+            "advantage",
+            "vpo or entropic when reward_reference or slot_cost is set",
+        )
         require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         require(
             self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
@@ -381,6 +415,10 @@ class CampaignConfig:
             duplicate_reward=self.duplicate_reward,
             format_reward=self.format_reward,
             overlong_buffer=self.overlong_buffer,
+            reward_reference=self.reward_reference,
+            slot_cost=self.slot_cost,
+            kl_budget=self.kl_budget,
+            warmup_samples=self.warmup_samples,
             skip_zero_advantage=self.skip_zero_advantage,
             shared_prompt=self.shared_prompt,
             gradient_checkpointing=self.gradient_checkpointing,

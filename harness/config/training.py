@@ -15,7 +15,8 @@ class TrainSettings:
     defaults are also the campaign's."""
 
     model: str = "smollm2"  # the embedded SmolLM2-135M-Instruct; any HF id or folder works
-    advantage: str = "vpo"  # vpo | grpo | multi_rlvr | max_at_k | gdpo | maxrl | rw_grpo
+    # vpo | entropic | grpo | multi_rlvr | max_at_k | gdpo | maxrl | rw_grpo
+    advantage: str = "vpo"
     learning_rate: float = 1e-6  # the VPO paper's full fine-tuning rate
     lora: bool = False  # train a LoRA adapter instead of every weight
     lora_rank: int = 16
@@ -45,6 +46,21 @@ class TrainSettings:
     # limit; 0: off. Without it, a set reward that favours longer expressions grows the answers
     # into the limit (benchmarks/results/discovery_vpo_256_tokens.md).
     overlong_buffer: int = 0
+    # What a group's set score is measured against (vpo, entropic): "none" (the VPO paper's
+    # absolute scores: a stored family earns its score again each time it is rewritten),
+    # "parent" (the gain over the parent's vector under each weighting), "island" or
+    # "campaign" (the R2 gain over the front its island or the campaign held before the
+    # group). harness/campaign/rewards.py.
+    reward_reference: str = "none"
+    # Each rollout loses this times the share of its m candidate slots that brought nothing
+    # (missing, unparsed, lazy, failed, or a repeat within the rollout); 0: off.
+    slot_cost: float = 0.0
+    # entropic: KL(q || uniform) of each group's weights q = softmax(beta R) (TTT-Discover's
+    # ln 2, arXiv 2601.16175).
+    kl_budget: float = 0.6931471805599453
+    # Rollouts a campaign stores before its first step, which then takes all of them
+    # (DecAEvolve and PiT-PO wait for about 200 samples); 0: the first step after K groups.
+    warmup_samples: int = 0
     # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
     # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
     skip_zero_advantage: bool = True

@@ -25,6 +25,8 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "time_limit": (0.0, 86400.0, True, "a number of seconds from 0 to 86400 (0: the problem's)"),
     "learning_rate": (0.0, 1.0, False, "a number in (0, 1]"),
     "kl_beta": (0.0, 100.0, True, "a number from 0 to 100"),
+    "slot_cost": (0.0, 10.0, True, "a number from 0 to 10 (0: off)"),
+    "kl_budget": (0.0, 100.0, False, "a number in (0, 100]"),
     "dirichlet_alpha": (0.0, 1e6, False, "a number in (0, 1e6]"),
     "near_duplicate": (0.0, 1.0, False, "a number in (0, 1] (1: off)"),
 }

@@ -126,6 +126,25 @@ class Inspection(Database):
                         scores[position[program_id], j] = value
         return ids, islands, valid, scores, [r[3] for r in rows]
 
+    def archive(
+        self, campaign_id: int, objectives: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(islands, groups, scores[N, d]) of the campaign's programs that ran and were scored,
+        where `groups` is the id of the group whose rollout wrote each (-1 for a seed or a
+        migrated copy): what the campaign held before group g is the rows with groups < g.
+        (Duplicate rows, a migrated copy beside its original, are harmless to a front.)"""
+        ids, islands, valid, scores, _ = self.program_vectors(campaign_id, objectives)
+        with self._reading() as connection:
+            written = dict(
+                connection.execute(
+                    select(PROGRAM.c.id, TRAJECTORY.c.group_id)
+                    .join(TRAJECTORY, TRAJECTORY.c.id == PROGRAM.c.trajectory_id)
+                    .where(PROGRAM.c.campaign_id == campaign_id)
+                ).all()
+            )
+        groups = np.fromiter((written.get(int(i), -1) for i in ids), dtype=np.int64, count=len(ids))
+        return islands[valid], groups[valid], scores[valid]
+
     def code_hashes(self, campaign_id: int) -> dict[str, int]:
         """Normalised-code hash -> the first program with it: what was evaluated already."""
         with self._reading() as connection:

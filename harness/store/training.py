@@ -16,13 +16,21 @@ from harness.config.errors import UserError
 from harness.records import PolicyRecord, TrainingGroup, TrainingRollout
 from harness.store.models import utc_now
 from harness.store.opening import Database
-from harness.store.tables import EVENT, GROUP, POLICY, SCORE, TRAJECTORY, log_event
+from harness.store.tables import (
+    EVENT,
+    GROUP,
+    POLICY,
+    PROGRAM,
+    SCORE,
+    TRAJECTORY,
+    log_event,
+)
 
 
 class Training(Database):
-    def untrained_groups(self, campaign_id: int, limit: int) -> list[TrainingGroup]:
-        """The oldest `limit` groups no training step took yet, in iteration order: a group
-        waits at most until the groups before it fill a step, never for ever."""
+    def untrained_groups(self, campaign_id: int, limit: int | None) -> list[TrainingGroup]:
+        """The oldest `limit` groups no training step took yet (None: all), in iteration order:
+        a group waits at most until the groups before it fill a step, never for ever."""
         return self.training_groups(campaign_id, unused=True, limit=limit)
 
     def training_groups(
@@ -38,7 +46,13 @@ class Training(Database):
         a skipped step); `after_iteration` and `limit` page through them. Groups without
         prompt tokens (some endpoints do not report them) cannot be trained on and are left out.
         """
-        query = select(GROUP.c.id, GROUP.c.iteration, GROUP.c.prompt_token_ids).where(
+        query = select(
+            GROUP.c.id,
+            GROUP.c.iteration,
+            GROUP.c.prompt_token_ids,
+            GROUP.c.island,
+            GROUP.c.parent_program_id,
+        ).where(
             GROUP.c.campaign_id == campaign_id,
             GROUP.c.prompt_token_ids.is_not(None),
             GROUP.c.iteration > after_iteration,
@@ -62,14 +76,20 @@ class Training(Database):
                 .where(TRAJECTORY.c.group_id.in_([g.id for g in groups]))
                 .order_by(TRAJECTORY.c.group_id, TRAJECTORY.c.position)
             ).all()
-            scores = _scores_of_slots(connection, trajectories)
+            scores, valid = _scores_of_slots(connection, trajectories)
         prompts = {g.id: tuple(g.prompt_token_ids) for g in groups}
         by_group: dict[int, list[TrainingRollout]] = {}
         for row in trajectories:
-            rollout = _training_rollout(row, prompts[row.group_id], scores)
+            rollout = _training_rollout(row, prompts[row.group_id], scores, valid)
             by_group.setdefault(row.group_id, []).append(rollout)
         return [
-            TrainingGroup(id=g.id, iteration=g.iteration, rollouts=tuple(by_group.get(g.id, ())))
+            TrainingGroup(
+                id=g.id,
+                iteration=g.iteration,
+                rollouts=tuple(by_group.get(g.id, ())),
+                island=g.island,
+                parent_id=g.parent_program_id,
+            )
             for g in groups
         ]
 
@@ -77,6 +97,21 @@ class Training(Database):
         with self._reading() as connection:
             return connection.execute(
                 select(func.count()).where(
+                    GROUP.c.campaign_id == campaign_id,
+                    GROUP.c.train_step.is_(None),
+                    GROUP.c.train_skipped.is_(None),
+                    GROUP.c.prompt_token_ids.is_not(None),
+                )
+            ).scalar_one()
+
+    def untrained_rollouts(self, campaign_id: int) -> int:
+        """The rollouts of the groups `untrained_count` counts."""
+        with self._reading() as connection:
+            return connection.execute(
+                select(func.count())
+                .select_from(TRAJECTORY)
+                .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
+                .where(
                     GROUP.c.campaign_id == campaign_id,
                     GROUP.c.train_step.is_(None),
                     GROUP.c.train_skipped.is_(None),
@@ -196,8 +231,9 @@ def finite(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 def _scores_of_slots(
     connection: Connection, trajectories: Sequence[Any]
-) -> dict[int, dict[str, float]]:
-    """Program id -> its scores by objective, for every program a candidate slot names."""
+) -> tuple[dict[int, dict[str, float]], set[int]]:
+    """Program id -> its scores by objective, for every program a candidate slot names, and
+    the ids of those that ran and were scored (status "ok")."""
     wanted = {
         slot["program_id"]
         for row in trajectories
@@ -211,13 +247,23 @@ def _scores_of_slots(
         )
     ):
         scores.setdefault(score.program_id, {})[score.objective] = score.value
-    return scores
+    valid = {
+        row.id
+        for row in connection.execute(
+            select(PROGRAM.c.id).where(PROGRAM.c.id.in_(wanted), PROGRAM.c.status == "ok")
+        )
+    }
+    return scores, valid
 
 
 def _training_rollout(
-    row: Any, prompt_token_ids: tuple[int, ...], scores: dict[int, dict[str, float]]
+    row: Any,
+    prompt_token_ids: tuple[int, ...],
+    scores: dict[int, dict[str, float]],
+    valid: set[int],
 ) -> TrainingRollout:
     slots = sorted(row.candidates, key=lambda slot: slot["index"])
+    programs = tuple(slot.get("program_id") for slot in slots)
     return TrainingRollout(
         prompt_token_ids=prompt_token_ids,
         token_ids=tuple(row.token_ids),
@@ -230,6 +276,8 @@ def _training_rollout(
         ),
         # Databases from before the flag: every duplicate counts as lazy.
         lazy=tuple(bool(slot.get("lazy", slot.get("outcome") == "duplicate")) for slot in slots),
+        programs=programs,
+        valid=tuple(program in valid for program in programs),
     )
 
 

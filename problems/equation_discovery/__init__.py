@@ -38,8 +38,9 @@ Reward vector:
   LLM-SR scores above 1.
 - simplicity: HALF / (HALF + size) (grammar.size), size = operators + literals + params of
   the expression, each once per use, read from the grammar's tree here, never from running it;
-  a literal costs what a fitted constant costs. 0 unless the in-domain NMSE is at most half of the
-  seed's (or of 1 where the seed does worse), so `params[0] + 0 * x` cannot win it.
+  a literal costs what a fitted constant costs. Times the share the fit earns (`earned`): 0
+  at an in-domain NMSE of 1 or worse, so `params[0] + 0 * x` cannot win it, all of it at half
+  the seed's NMSE (or 0.5 where the seed does worse than the mean), on a log scale between.
 
 Data: LLM-SR's CSVs (github.com/deep-symbolic-mathematics/LLM-SR, data/, MIT licence in
 data/LICENSE), stored as float64 arrays in data/<problem>.npz by scripts/llm_sr_data.py.
@@ -312,9 +313,10 @@ class EquationDiscovery(Problem):
                 "max",
                 1.0,
                 "by definition: an equation of size 0 (an input returned as it is)",
-                f"{grammar.HALF} / ({grammar.HALF} + operators + literals +"
-                f" params used), when the in-domain NMSE is at most {self.simplicity_gate:.3g},"
-                " else 0",
+                f"{grammar.HALF} / ({grammar.HALF} + operators + literals + params used), times"
+                f" log(1 / NMSE_id) / log(1 / {self.simplicity_gate:.3g}) clipped to [0, 1]: 0"
+                " for an equation no better than predicting the mean, all of it from an"
+                f" in-domain NMSE of {self.simplicity_gate:.3g}",
             ),
         )
         names = [name for name, _ in spec.inputs]
@@ -416,8 +418,22 @@ class EquationDiscovery(Problem):
             )
         nmse_id = nmse(value["test_id"], data["test_id"].target, "test_id")
         nmse_ood = nmse(value["test_ood"], data["test_ood"].target, "test_ood")
-        simple = grammar.simplicity(fitted.size) if nmse_id <= self.simplicity_gate else 0.0
+        simple = grammar.simplicity(fitted.size) * earned(nmse_id, self.simplicity_gate)
         return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simple}
+
+
+def earned(nmse_id: float, gate: float) -> float:
+    """The share of its simplicity an equation earns by its in-domain fit: 0 at or above NMSE 1
+    (no better than predicting the mean, so a constant or a padded constant earns nothing), 1 at
+    or below `gate` (half the seed's NMSE), and log(1 / NMSE) / log(1 / gate) between, so that
+    a smaller equation with a fair fit and a larger one with a better fit both reach the front
+    (benchmarks/results/simplicity_rules.md: the front of a stored campaign doubles against an
+    all-or-nothing gate)."""
+    if not nmse_id < 1:
+        return 0.0
+    if nmse_id <= gate:
+        return 1.0
+    return math.log(nmse_id) / math.log(gate)
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ NMSE = sum((prediction - y)^2) / sum((y - mean of y)^2), lower is better:
 - fit_ood: NMSE on test points outside it, {ood};
 - simplicity: {half}/({half} + size), where size counts each operator, function call, number
   and params[k] of the returned expression once per use, names assigned before written out (a
-  written constant costs what a fitted one does); it counts only when the in-domain NMSE is at
-  most {gate:.3g}, else it is 0.
+  written constant costs what a fitted one does), times a share the fit earns: 0 at an
+  in-domain NMSE of 1 or worse, all of it at {gate:.3g} or better, log-linear between.
 Fit scores are logarithmic in the NMSE: 0 at 1 (what predicting the mean scores) or worse;
 the starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain); 1 at
 {best_id:.3g} and {best_ood:.3g}, the best published results; above 1 beats them. Every
@@ -71,7 +71,7 @@ Scores are on held-out data, from NMSE = sum((prediction - y)^2) / sum((y - mean
 log scale: 0 at NMSE 1 (predicting the mean), 1 at the best published result.
 - fit_id: in the training region; fit_ood: outside it, {ood};
 - simplicity: {half}/({half} + size), size = each operator, call, number and params[k] used;
-  only when the in-domain NMSE is at most {gate:.3g}, else 0.
+  times a share the fit earns: 0 at in-domain NMSE 1, all of it at {gate:.3g} or better.
 The starting equation scores {seed_id:.2f} (in-domain) and {seed_ood:.2f} (out-of-domain).
 """
 DESCRIPTION = PROGRAM_ASK + SCORING
