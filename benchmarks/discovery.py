@@ -11,7 +11,11 @@ max_tokens, temperature, token budget and LoRA settings:
     none   m = 3 candidates per rollout, no training (evolution alone)
     grpo   m = 1, one LoRA step of GRPO after every `train_every` new groups
     multi  m = 3, Multi-RLVR: the candidates' summed scalar reward, one LoRA step likewise
-    vpo    m = 3, one LoRA step of VPO after every `train_every` new groups
+    vpo    m = 3, one LoRA step of VPO after every `train_every` new groups (absolute set
+           score, as in the VPO paper)
+    vpo_front  m = 3, VPO with the discovery reward: the set score's gain over what the
+           campaign held (--reward-reference), less --slot-cost for the share of wasted slots
+    entropic   m = 3, the same reward under TTT-Discover's entropic advantage
 
 Each (arm, seed) is a whole `vpo run` process on a fresh SQLite database with
 `--token-budget`: it stops starting batches once it has generated that many tokens (at most one
@@ -33,7 +37,10 @@ point 0 in every objective, exact, by slicing); the mean over iterations of pool
 (mean pairwise L1 distance between the reward vectors of a group's candidate slots: G x m
 slots, so G for GRPO) and of parse rate (the share of rollouts whose m candidates all parsed),
 the parse rate of the first and the second half of the iterations; tokens/s over the wall;
-training steps and their seconds. Per arm: mean and [min, max] over seeds.
+training steps and their seconds; front coverage, the R2 indicator of the valid programs
+(E_w[max_s w . r(s)] over 2,000 fixed Dirichlet(1) weightings of every objective). Per arm:
+mean and [min, max] over seeds, and against `none`, paired by seed, the mean difference with a
+bootstrap 90% interval.
 
 Prints a table and writes it to benchmarks/results/discovery.md and the plot (best per
 objective and hypervolume against tokens generated, mean over seeds with a min-max band) to
@@ -78,13 +85,25 @@ ARMS: dict[str, tuple[int, str | None]] = {
     "grpo": (1, "grpo"),
     "multi": (3, "multi_rlvr"),
     "vpo": (3, "vpo"),
+    "vpo_front": (3, "vpo"),
+    "entropic": (3, "entropic"),
 }
+# The arms that take the discovery reward (--reward-reference, --slot-cost, --warmup-samples);
+# `vpo` keeps the paper's absolute set score.
+DISCOVERY_REWARD = ("vpo_front", "entropic")
 ARM_TITLES = {
     "none": "no training (m = 3)",
     "grpo": "GRPO in the loop (m = 1)",
     "multi": "Multi-RLVR in the loop (m = 3, summed scalar)",
     "vpo": "VPO in the loop (m = 3)",
+    "vpo_front": "VPO, discovery reward (m = 3)",
+    "entropic": "entropic, discovery reward (m = 3)",
 }
+# Front coverage: the R2 indicator of a run's valid programs, E_w[max_s w . r(s)], over these
+# many Dirichlet(1) weightings drawn once (seed 0), so every run is measured on the same ones.
+COVERAGE_WEIGHTINGS = 2000
+BOOTSTRAP = 10_000  # resamples of the seeds for a paired interval
+PAIRED_LEVEL = 0.90
 BEST_AT_SHOWN = (1, 3, 5, 10, 20, 30)
 GRID_POINTS = 101  # points on the tokens axis where the seeds' curves are averaged
 STDERR_TAIL_LINES = 3
@@ -107,6 +126,31 @@ def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.
 def hypervolume_so_far(tokens: np.ndarray, vectors: np.ndarray, grid: np.ndarray) -> np.ndarray:
     """The hypervolume of the vectors (n, d) whose tokens (n,) are at most each grid point."""
     return np.array([hypervolume(vectors[tokens <= x]) for x in grid])
+
+
+def coverage(vectors: np.ndarray) -> float:
+    """The R2 indicator of the rows of `vectors` (n, d): the mean over fixed Dirichlet(1)
+    weightings of the best weighted sum, 0 for no rows. Unlike the hypervolume it does not drop
+    to 0 when one objective stayed at 0 for every program."""
+    if not len(vectors):
+        return 0.0
+    weights = np.random.default_rng(0).dirichlet(np.ones(vectors.shape[1]), COVERAGE_WEIGHTINGS)
+    return float((vectors @ weights.T).max(axis=0).mean())
+
+
+def paired_interval(
+    differences: Sequence[float], level: float = PAIRED_LEVEL
+) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of per-seed differences and its percentile bootstrap
+    interval at `level` (seeds resampled with replacement, BOOTSTRAP times, seed 0)."""
+    values = np.asarray(differences, dtype=np.float64)
+    if len(values) == 0:
+        return (float("nan"),) * 3
+    draws = np.random.default_rng(0).integers(0, len(values), (BOOTSTRAP, len(values)))
+    means = values[draws].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return float(values.mean()), float(low), float(high)
 
 
 def mean_of(values: Sequence[float | None]) -> float:
@@ -147,6 +191,11 @@ class RunResult:
     def hypervolume(self, live: Sequence[int]) -> float:
         """Over the `live` objectives: one that no program scored on would make it 0."""
         return hypervolume(self.program_scores[:, list(live)])
+
+    @property
+    def coverage(self) -> float:
+        """Front coverage over every objective (`coverage`)."""
+        return coverage(self.program_scores)
 
     @property
     def tokens_per_s(self) -> float:
@@ -232,6 +281,11 @@ def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list
             "--advantage", advantage, "--lora", "--lora-rank", str(args.lora_rank),
             "--lr", str(args.lr), "--kl-beta", str(args.kl_beta),
         ]  # fmt: skip
+        if arm in DISCOVERY_REWARD:
+            command += [
+                "--reward-reference", args.reward_reference, "--slot-cost", str(args.slot_cost),
+                "--warmup-samples", str(args.warmup_samples),
+            ]  # fmt: skip
     return command
 
 
@@ -436,7 +490,9 @@ def report(
         f"{args.token_budget} per run (a run ends at most one batch past it), iterations "
         f"capped at {args.iterations}; the trained arms: a LoRA step (rank {args.lora_rank}, "
         f"lr {args.lr:g}, micro-batch {args.micro_batch}, format reward {args.format_reward}, "
-        f"overlong buffer {args.overlong_buffer}) "
+        f"overlong buffer {args.overlong_buffer}, KL weight {args.kl_beta:g}; the "
+        f"discovery-reward arms measured against {args.reward_reference}, slot cost "
+        f"{args.slot_cost:g}, warm-up samples {args.warmup_samples}) "
         f"after every {args.train_every} new "
         "group"
         f"{'s' if args.train_every > 1 else ''}; seeds "
@@ -454,13 +510,17 @@ def report(
         "max] over seeds",
         f"- plot: {args.plot.name} (best per objective and hypervolume against tokens generated)",
         "",
-        "| arm | " + " | ".join(f"best {name}" for name in objectives) + f" | {volume} |",
-        "|---|" + "---:|" * (len(objectives) + 1),
+        "| arm | "
+        + " | ".join(f"best {name}" for name in objectives)
+        + f" | front coverage (R2) | {volume} |",
+        "|---|" + "---:|" * (len(objectives) + 2),
     ]
     for arm, results in runs.items():
         cells = [spread([r.best[j] for r in results]) for j in range(len(objectives))]
+        cells.append(spread([r.coverage for r in results], 4))
         cells.append(spread([r.hypervolume(live) for r in results], 4))
         lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
+    lines += paired_table(runs, live)
     lines += [
         "",
         "| arm | tokens | iterations | training steps (that moved the weights) | training s | "
@@ -491,8 +551,8 @@ def report(
         "",
         "| arm | seed | wall s | tokens | iterations | steps | "
         + " | ".join(f"best {name}" for name in objectives)
-        + " | hypervolume | diversity | parse rate | tok/s |",
-        "|---|---:|" + "---:|" * (len(objectives) + 8),
+        + " | coverage | hypervolume | diversity | parse rate | tok/s |",
+        "|---|---:|" + "---:|" * (len(objectives) + 9),
     ]
     for arm, results in runs.items():
         for r in results:
@@ -502,6 +562,7 @@ def report(
                 str(r.iterations),
                 str(r.steps),
                 *(f"{value:.3f}" for value in r.best),
+                f"{r.coverage:.4f}",
                 f"{r.hypervolume(live):.4f}",
                 spread([r.diversity]),
                 spread([r.parse_rate], 2),
@@ -513,6 +574,46 @@ def report(
         lines += ["| arm | seed | why |", "|---|---:|---|"]
         lines += [f"| {arm} | {seed} | {why} |" for arm, seed, why in failures]
     return "\n".join(lines) + "\n"
+
+
+def paired_table(runs: dict[str, list[RunResult]], live: Sequence[int]) -> list[str]:
+    """Each arm against no training, paired by seed: the mean difference and its bootstrap
+    interval in best fit_id and fit_ood (the first two objectives), front coverage,
+    hypervolume and pool diversity; nothing without a `none` arm and another."""
+    if "none" not in runs or len(runs) < 2:
+        return []
+    base = {r.seed: r for r in runs["none"]}
+    objectives = runs["none"][0].objectives
+    measures = [
+        *(
+            (f"best {objectives[j]}", lambda r, j=j: r.best[j])
+            for j in range(min(2, len(objectives)))
+        ),
+        ("front coverage", lambda r: r.coverage),
+        ("hypervolume", lambda r: r.hypervolume(live)),
+        ("pool diversity", lambda r: r.diversity),
+    ]
+    level = f"{PAIRED_LEVEL:.0%}"
+    lines = [
+        "",
+        f"Paired by seed against no training: mean difference [bootstrap {level} interval] "
+        "(an arm is ahead where the interval lies above 0):",
+        "",
+        "| arm | seeds | " + " | ".join(name for name, _ in measures) + " |",
+        "|---|---:|" + "---:|" * len(measures),
+    ]
+    for arm, results in runs.items():
+        if arm == "none":
+            continue
+        pairs = [(r, base[r.seed]) for r in results if r.seed in base]
+        if not pairs:
+            continue
+        cells = []
+        for _, measure in measures:
+            mean, low, high = paired_interval([measure(a) - measure(b) for a, b in pairs])
+            cells.append(f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]")
+        lines.append(f"| {ARM_TITLES[arm]} | {len(pairs)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def probe_table(runs: dict[str, list[RunResult]]) -> list[str]:
@@ -610,7 +711,7 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arms", default="none,grpo,vpo", help="of none, grpo, multi, vpo")
+    parser.add_argument("--arms", default="none,grpo,vpo", help=f"of {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="0,1,2", help="campaign seeds, e.g. 0,1,2")
     parser.add_argument("--problem", default=PROBLEM)
     parser.add_argument("--model", default="qwen-coder")
@@ -660,6 +761,25 @@ def main() -> None:
         default=0,
         help="the trained arms' soft overlong punishment: tokens before --max-tokens where a "
         "longer completion starts to lose reward (0: off)",
+    )
+    parser.add_argument(
+        "--reward-reference",
+        choices=("none", "parent", "island", "campaign"),
+        default="campaign",
+        help="the discovery-reward arms' (vpo_front, entropic): what a set score is measured "
+        "against",
+    )
+    parser.add_argument(
+        "--slot-cost",
+        type=float,
+        default=0.05,
+        help="the discovery-reward arms': what a rollout loses for its share of wasted slots",
+    )
+    parser.add_argument(
+        "--warmup-samples",
+        type=int,
+        default=0,
+        help="the discovery-reward arms': rollouts stored before the first step",
     )
     parser.add_argument(
         "--keep", type=Path, help="keep each run's database, log and summary (.run.json) here"

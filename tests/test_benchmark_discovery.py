@@ -246,3 +246,40 @@ def test_a_failed_run_is_recorded_and_the_grid_goes_on(
     out.unlink()
     discovery.main()
     assert "| vpo | 0 | exit 3: vpo: error: a model answer |" in out.read_text()
+
+
+def test_front_coverage_is_the_r2_indicator_and_stays_open_with_a_closed_objective() -> None:
+    """Coverage is the mean best weighted sum over fixed weightings: a point of all ones
+    scores 1, adding a dominated point changes nothing, and an objective at 0 for every
+    program (where the hypervolume is 0) still leaves the others' progress visible."""
+    assert discovery.coverage(np.zeros((0, 3))) == 0.0
+    assert discovery.coverage(np.ones((1, 3))) == pytest.approx(1.0)
+    front = np.array([[0.9, 0.1, 0.0], [0.1, 0.9, 0.0]])
+    assert discovery.coverage(np.vstack([front, [[0.05, 0.05, 0.0]]])) == discovery.coverage(front)
+    better = np.array([[0.95, 0.1, 0.0], [0.1, 0.9, 0.0]])
+    assert discovery.coverage(better) > discovery.coverage(front) > 0
+    assert discovery.hypervolume(better) == 0.0
+
+
+def test_the_paired_interval_is_a_bootstrap_of_the_seed_differences() -> None:
+    mean, low, high = discovery.paired_interval([0.1, 0.2, 0.3, 0.2, 0.2])
+    assert mean == pytest.approx(0.2) and 0.1 <= low < 0.2 < high <= 0.3
+    mean, low, high = discovery.paired_interval([-0.1, 0.1])
+    assert low < 0 < high  # two seeds that disagree cannot separate the arms
+    assert discovery.paired_interval([0.5]) == (0.5, 0.5, 0.5)
+
+
+def test_the_discovery_reward_arms_pass_their_reward_and_vpo_keeps_the_papers() -> None:
+    parser_args = discovery.argparse.Namespace(
+        problem="equation_discovery:oscillator1", model="qwen-coder", backend="auto",
+        concurrency=1, group_size=4, max_tokens=160, temperature=1.0, iterations=10,
+        token_budget=100, drafts=0, form="compact", micro_batch=4, format_reward="partial",
+        overlong_buffer=0, train_every=1, lora_rank=16, lr=1e-4, kl_beta=0.0,
+        reward_reference="campaign", slot_cost=0.05, warmup_samples=0,
+    )  # fmt: skip
+    for arm, advantage in (("vpo_front", "vpo"), ("entropic", "entropic")):
+        command = discovery.run_command(arm, 0, parser_args, Path("/tmp/x.db"))
+        at = command.index("--reward-reference")
+        assert command[at : at + 4] == ["--reward-reference", "campaign", "--slot-cost", "0.05"]
+        assert command[command.index("--advantage") + 1] == advantage
+    assert "--reward-reference" not in discovery.run_command("vpo", 0, parser_args, Path("x.db"))
