@@ -74,6 +74,14 @@ def test_the_set_score_against_a_reference_is_the_r2_gain(batch, group, m, d, ro
     assert np.allclose(got.numpy(), expected, atol=1e-12)
     absolute = set_scores(as_tensor(scores), as_tensor(mask), weights=as_tensor(weights))
     assert np.allclose(absolute.numpy(), plain_set_scores(scores, mask, weights), atol=1e-12)
+    # A reference of no rows (an island that held nothing yet) is the absolute score.
+    empty = set_scores(
+        as_tensor(scores),
+        as_tensor(mask),
+        weights=as_tensor(weights),
+        reference=torch.zeros((batch, 0, d), dtype=torch.float64),
+    )
+    assert torch.equal(empty, absolute)
 
 
 def test_a_set_that_only_restates_the_front_earns_nothing() -> None:

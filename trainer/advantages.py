@@ -130,7 +130,7 @@ def set_scores(
     values = values.masked_fill(~mask.unsqueeze(-1), -math.inf)
     best = values.amax(dim=2)  # (B, G, K): the set's best candidate under each w
     best = torch.where(mask.any(dim=2, keepdim=True), best, torch.zeros_like(best))
-    if reference is not None:
+    if reference is not None and reference.shape[1]:
         known = products[:, rows:].masked_fill(~reference_mask.unsqueeze(-1), -math.inf)
         known = known.amax(dim=1)
         known = torch.where(torch.isfinite(known), known, torch.zeros_like(known))  # (B, K)
