@@ -765,14 +765,14 @@ def main() -> None:
     parser.add_argument(
         "--reward-reference",
         choices=("none", "parent", "island", "campaign"),
-        default="campaign",
+        default="parent",
         help="the discovery-reward arms' (vpo_front, entropic): what a set score is measured "
         "against",
     )
     parser.add_argument(
         "--slot-cost",
         type=float,
-        default=0.05,
+        default=0.03,
         help="the discovery-reward arms': what a rollout loses for its share of wasted slots",
     )
     parser.add_argument(

@@ -230,3 +230,23 @@ def test_references_hold_what_was_known_before_each_group(database: str) -> None
     assert [wasted_slots(r, 2) for r in groups[0].rollouts] == [0, 2]
     assert [wasted_slots(r, 2) for r in groups[1].rollouts] == [1]
     store.close()
+
+
+def test_the_reward_scale_benchmark_reads_a_campaign(database: str, tmp_path) -> None:
+    """benchmarks/reward_scale.py on the small campaign: one row per reference, and the
+    wasted slots of its three rollouts (0, 2 and 1)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "reward_scale.py"
+    spec = importlib.util.spec_from_file_location("benchmark_reward_scale", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    out = tmp_path / "scale.md"
+    assert module.main(["--db", database, "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| parent", "| island", "| campaign", "| none"]
+    assert "wasted slots per rollout: 0: 33%, 1: 33%, 2: 33%" in out.read_text()
