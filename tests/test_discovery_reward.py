@@ -250,3 +250,49 @@ def test_the_reward_scale_benchmark_reads_a_campaign(database: str, tmp_path) ->
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0] for row in rows] == ["| parent", "| island", "| campaign", "| none"]
     assert "wasted slots per rollout: 0: 33%, 1: 33%, 2: 33%" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"reward_reference": "front"}, "reward_reference"),
+        ({"slot_cost": -0.1}, "slot_cost"),
+        ({"slot_cost": math.nan}, "slot_cost"),
+        ({"kl_budget": 0.0}, "kl_budget"),
+        ({"warmup_samples": -1}, "warmup_samples"),
+        ({"advantage": "grpo", "candidates": 1, "reward_reference": "parent"}, "vpo or entropic"),
+    ],
+)
+def test_a_bad_reward_setting_is_one_line(settings: dict, words: str) -> None:
+    from harness.config.errors import UserError
+    from harness.config.settings import build
+
+    with pytest.raises(UserError, match=words) as info:
+        build({"problem": "equation_discovery", "train_every": 1, **settings})
+    assert "\n" not in str(info.value)
+
+
+def test_the_first_step_waits_for_the_warm_up_samples_then_takes_them_all(database: str) -> None:
+    """The small campaign holds two waiting groups of 2 and 1 rollouts. With warmup_samples 4
+    no step may start; with 3 the first step takes both groups; without a warm-up it takes the
+    oldest `every`; once a version is recorded the warm-up is over."""
+    from harness.campaign.training import CampaignTrainer, _waiting_groups
+
+    store = Store.open(database)
+    campaign = store.get_campaign("c")
+    assert campaign is not None
+
+    def waiting(warmup: int, version: int | None = None, every: int = 1) -> list[int] | None:
+        trainer = CampaignTrainer(
+            store, campaign.id, every, ["a", "b"], 2, 0, None, None, None, "c",  # type: ignore[arg-type]
+            version_id=version, warmup_samples=warmup,
+        )  # fmt: skip
+        found = _waiting_groups(trainer)
+        return None if found is None else [g.iteration for g in found]
+
+    assert store.untrained_rollouts(campaign.id) == 3
+    assert waiting(4) is None
+    assert waiting(3) == [0, 1]
+    assert waiting(0) == [0] and waiting(0, every=3) is None
+    assert waiting(4, version=7) == [0]
+    store.close()

@@ -169,21 +169,31 @@ def entropic_advantages(
 def entropic_beta(rewards: Tensor, budget: float, *, steps: int = 100) -> Tensor:
     """(B,): per row of `rewards` (B, G), the beta >= 0 with KL(softmax(beta r) || uniform) =
     `budget`, by bisection (the KL grows with beta, from 0 to log(G / ties at the max)). A row
-    whose rewards are all equal gets 0; one that cannot reach the budget gets the largest beta
-    tried (its weight then sits on its best rollouts)."""
+    whose rewards are all equal gets 0; one that cannot reach the budget (ties at its max) gets
+    the largest beta tried, 1e12 / spread (its weight then sits on its best rollouts)."""
     group = rewards.shape[1]
     rewards = rewards.to(torch.float64)
     spread = rewards.amax(dim=1) - rewards.amin(dim=1)
     flat = spread <= EPS
-    # Past beta * spread = 60 the weights no longer move in float64.
-    high = torch.where(flat, torch.ones_like(spread), 60.0 / spread.clamp_min(EPS))
-    low = torch.zeros_like(high)
     centred = rewards - rewards.amax(dim=1, keepdim=True)
+
+    def kl(beta: Tensor) -> Tensor:
+        q = torch.softmax(centred * beta.unsqueeze(1), dim=1)
+        return math.log(group) + (q * torch.log(q.clamp_min(1e-300))).sum(dim=1)
+
+    # A bracket first: double from 1 / spread until the KL passes the budget (near-ties at the
+    # top need beta far beyond 1 / spread), at most up to 1e12 / spread.
+    scale = torch.where(flat, torch.ones_like(spread), 1.0 / spread.clamp_min(EPS))
+    high = scale.clone()
+    for _ in range(40):
+        short = kl(high) <= budget
+        if not short.any():
+            break
+        high = torch.where(short, high * 2, high)
+    low = torch.zeros_like(high)
     for _ in range(steps):
         middle = (low + high) / 2
-        q = torch.softmax(centred * middle.unsqueeze(1), dim=1)
-        kl = math.log(group) + (q * torch.log(q.clamp_min(1e-300))).sum(dim=1)
-        above = kl > budget
+        above = kl(middle) > budget
         high = torch.where(above, middle, high)
         low = torch.where(above, low, middle)
     return torch.where(flat, torch.zeros_like(low), (low + high) / 2)
