@@ -40,9 +40,10 @@ system-deps:
 	bash scripts/install-system-deps.sh
 
 # A short equation-discovery campaign (LLM-SR's oscillator1) on the embedded
-# Qwen2.5-Coder-0.5B-Instruct, on CPU, a fresh database each time: vLLM generates 3 iterations
-# x G = 4 rollouts per batch and one LoRA step of VPO follows each batch, its new weights loaded
-# into vLLM before the next. The settings are in examples/demo.toml; README.md has what it
+# Qwen2.5-Coder-0.5B-Instruct, on CPU, a fresh database each time: vLLM generates 4 iterations
+# x G = 4 rollouts per batch and two LoRA steps of VPO (the discovery reward: the gain over each
+# group's parent, less a cost per wasted slot) follow each batch, the new weights loaded into
+# vLLM before the next. The settings are in examples/demo.toml; README.md has what it
 # printed here, and how long it took.
 demo: install
 	rm -rf runs/demo.db runs/demo.db-wal runs/demo.db-shm runs/demo.policies runs/demo.log
