@@ -291,7 +291,8 @@ def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_form
     from harness.config.errors import UserError
     from harness.config.settings import build
     from harness.records import TrainingGroup, TrainingRollout
-    from trainer.train import TrainConfig, compute_advantages
+    from trainer.advantages import compute_advantages
+    from trainer.train import TrainConfig
 
     good, fair = {"a": 0.9, "b": 0.8}, {"a": 0.2, "b": 0.1}
     rollouts = tuple(
@@ -321,7 +322,8 @@ def test_a_completion_near_the_token_limit_loses_its_scores() -> None:
     from harness.config.errors import UserError
     from harness.config.settings import build
     from harness.records import TrainingGroup, TrainingRollout
-    from trainer.train import TrainConfig, compute_advantages
+    from trainer.advantages import compute_advantages
+    from trainer.train import TrainConfig
 
     assert [overlong_penalty(n, 32, 160) for n in (100, 128, 144, 160, 170)] == [0, 0, 0.5, 1, 1]
     assert overlong_penalty(160, 0, 160) == 0  # off

@@ -129,7 +129,8 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
     scores zero as a reward by default, so copying is not the safe answer; its stored
     evaluation is untouched, and `duplicate_reward = "keep"` gives it the parent's scores."""
     from harness.campaign.rewards import to_group
-    from trainer.train import TrainConfig, compute_advantages
+    from trainer.advantages import compute_advantages
+    from trainer.train import TrainConfig
 
     store = Store.open(tmp_path / "campaign.db")
     problem = CirclePacking()

@@ -17,8 +17,14 @@ from hypothesis import strategies as st
 from harness.campaign.rewards import references, to_group, wasted_slots
 from harness.records import TrainingGroup, TrainingRollout
 from harness.store import Store
-from trainer.advantages import entropic_advantages, entropic_beta, set_scores, vpo_advantages
-from trainer.train import Group, Rollout, TrainConfig, compute_advantages
+from trainer.advantages import (
+    compute_advantages,
+    entropic_advantages,
+    entropic_beta,
+    set_scores,
+    vpo_advantages,
+)
+from trainer.train import Group, Rollout, TrainConfig
 
 
 def plain_set_scores(scores, mask, weights, reference=None, reference_mask=None, cost=None):

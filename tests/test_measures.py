@@ -131,7 +131,8 @@ def test_pool_diversity_is_the_mean_pairwise_l1_distance(
 def test_the_trainers_step_measures_each_groups_diversity_by_the_one_rule() -> None:
     """A training step's diversity is `pool_diversity` of each group's real candidates, and a
     group with fewer than two is left out (None), as the campaign and the answer problems do."""
-    from trainer.train import Group, Rollout, TrainConfig, compute_advantages
+    from trainer.advantages import compute_advantages
+    from trainer.train import Group, Rollout, TrainConfig
 
     rng = np.random.default_rng(0)
     groups = []

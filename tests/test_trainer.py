@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.advantages import compute_advantages
 from trainer.logprobs import completion_logprobs, token_batch
 from trainer.loss import LossConfig, policy_loss
 from trainer.measures import pool_diversity
 from trainer.policy import Policy, PolicyConfig
-from trainer.train import Group, Rollout, TrainConfig, compute_advantages, train_step
+from trainer.train import Group, Rollout, TrainConfig, train_step
 
 # -- loss ---------------------------------------------------------------------------------------
 

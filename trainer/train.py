@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from trainer.activations import LOGIT_SHARE
-from trainer.advantages import ESTIMATORS, MEASURED, SINGLE_CANDIDATE
+from trainer.advantages import ESTIMATORS, compute_advantages
 from trainer.logprobs import (
     PACKABLE,
     Row,
@@ -46,7 +46,6 @@ from trainer.logprobs import (
     plan_passes,
 )
 from trainer.loss import LossConfig
-from trainer.measures import pool_diversity
 from trainer.passes import Passes
 from trainer.policy import Policy
 
@@ -227,90 +226,6 @@ class StepMetrics:
             f"({self.sampler_fraction:.0%} sampler){stale} | trained {self.trained}/"
             f"{self.rollouts}{trimmed} | {self.tokens_per_second:.0f} tok/s"
         )
-
-
-@dataclass(frozen=True)
-class Advantages:
-    per_rollout: list[float]  # in the order of the groups' rollouts
-    rewards: list[float]
-    zero_std_groups: int
-    diversity: list[float]  # one per group with at least two candidates
-
-
-def compute_advantages(
-    groups: Sequence[Group], config: TrainConfig, generator: torch.Generator | None = None
-) -> Advantages:
-    """One advantage per rollout, groups of the same (G, m, d) batched together."""
-    estimator = ESTIMATORS[config.advantage]
-    options: dict[str, Any] = {}
-    if config.advantage in ("vpo", "entropic"):
-        options = {"num_weights": config.num_weights, "alpha": config.alpha}
-        options["generator"] = generator
-        if config.advantage == "entropic":
-            options["budget"] = config.kl_budget
-    elif config.advantage == "rw_grpo":
-        options = {"generator": generator}
-    elif config.advantage == "max_at_k":
-        options = {"k": config.k}
-    if config.advantage not in MEASURED and any(
-        g.reference is not None or g.cost is not None for g in groups
-    ):
-        raise ValueError(
-            f"a reward against a reference or a slot cost needs --advantage "
-            f"{' or '.join(MEASURED)}, not {config.advantage}"
-        )
-    buckets: dict[tuple[int, ...], list[int]] = {}
-    for index, group in enumerate(groups):
-        buckets.setdefault(group.scores.shape, []).append(index)
-    advantages: list[list[float]] = [[] for _ in groups]
-    rewards: list[list[float]] = [[] for _ in groups]
-    diversity: list[float] = []
-    zero = 0
-    for shape, members in buckets.items():
-        if config.advantage in SINGLE_CANDIDATE and shape[1] != 1:
-            raise ValueError(
-                f"--advantage {config.advantage} scores one candidate per rollout; these "
-                f"groups have m = {shape[1]} (use vpo or multi_rlvr, or 1 candidate)"
-            )
-        scores = torch.from_numpy(np.stack([groups[i].scores for i in members]))
-        mask = torch.from_numpy(np.stack([groups[i].mask for i in members]))
-        measured = _measured_against([groups[i] for i in members], shape)
-        values, scalars = estimator(scores, mask, **options, **measured)
-        zero += int((values == 0).all(dim=1).sum())
-        for group_scores, group_mask in zip(scores.numpy(), mask.numpy(), strict=True):
-            # Per group, over its real candidates (all G x m); fewer than two are left out.
-            spread = pool_diversity(group_scores[group_mask])
-            if spread is not None:
-                diversity.append(spread)
-        for row, i in enumerate(members):
-            advantages[i] = values[row].tolist()
-            rewards[i] = scalars[row].tolist()
-    return Advantages(
-        per_rollout=[a for group in advantages for a in group],
-        rewards=[r for group in rewards for r in group],
-        zero_std_groups=zero,
-        diversity=diversity,
-    )
-
-
-def _measured_against(groups: Sequence[Group], shape: tuple[int, ...]) -> dict[str, Tensor]:
-    """The reference (B, P, d) with its mask, padded to the longest, and the cost (B, G) of
-    groups of one shape; only what some group has."""
-    found: dict[str, Tensor] = {}
-    if any(g.reference is not None for g in groups):
-        rows = max(1, *(0 if g.reference is None else len(g.reference) for g in groups))
-        reference = torch.zeros((len(groups), rows, shape[2]), dtype=torch.float64)
-        present = torch.zeros((len(groups), rows), dtype=torch.bool)
-        for i, group in enumerate(groups):
-            if group.reference is not None and len(group.reference):
-                reference[i, : len(group.reference)] = torch.from_numpy(group.reference)
-                present[i, : len(group.reference)] = True
-        found = {"reference": reference, "reference_mask": present}
-    if any(g.cost is not None for g in groups):
-        found["cost"] = torch.from_numpy(
-            np.stack([np.zeros(shape[0]) if g.cost is None else g.cost for g in groups])
-        )
-    return found
 
 
 def train_step(

@@ -206,15 +206,14 @@ class CampaignConfig:
     )
     reward_reference: str = setting(
         TrainSettings.reward_reference,
-        "what a rollout's set score is measured against (vpo, entropic): none (absolute, as "
-        "in the VPO paper), parent, island or campaign (the gain over the front it held) "
-        "({default})",
+        "a set score measured against: none (absolute, as in the VPO paper), parent, island "
+        "or campaign (the gain over the front it held) ({default})",
         group=TRAINING,
     )
     slot_cost: float = setting(
         TrainSettings.slot_cost,
-        "what a rollout loses for its share of wasted candidate slots (unparsed, lazy, failed, "
-        "repeated) ({default}: off)",
+        "a rollout's loss for its share of wasted slots (unparsed, lazy, failed, repeated) "
+        "({default}: off)",
         group=TRAINING,
     )
     kl_budget: float = setting(
@@ -337,9 +336,9 @@ class CampaignConfig:
         )
         require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
         require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
-        measured = self.reward_reference != "none" or self.slot_cost > 0
+        measured = self.train_every and (self.reward_reference != "none" or self.slot_cost > 0)
         require(
-            not measured or self.advantage in ("vpo", "entropic") or not self.train_every,
+            not measured or self.advantage in ("vpo", "entropic"),
             "advantage",
             "vpo or entropic when reward_reference or slot_cost is set",
         )
