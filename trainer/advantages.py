@@ -54,36 +54,12 @@ Estimator = Callable[..., tuple[Tensor, Tensor]]
 
 
 def vpo_advantages(
-    scores: Tensor,
-    mask: Tensor,
-    *,
-    num_weights: int = 100,
-    alpha: float = 1.0,
-    weights: Tensor | None = None,
-    generator: torch.Generator | None = None,
-    eps: float = EPS,
-    reference: Tensor | None = None,
-    reference_mask: Tensor | None = None,
-    cost: Tensor | None = None,
+    scores: Tensor, mask: Tensor, *, eps: float = EPS, **set_options: Any
 ) -> tuple[Tensor, Tensor]:
-    """VPO: (advantages, set scores), both (B, G).
-
-    `weights` (B, K, d) fixes the Dirichlet draws (one set per group, shared by its G rollouts);
-    otherwise K = `num_weights` are drawn from Dirichlet(alpha) with `generator`. With a
-    `reference` (B, P, d) and its `reference_mask` (B, P), the set score is the set's gain over
-    it (`set_scores`); `cost` (B, G) is taken off each rollout's set score.
-    """
-    values = set_scores(
-        scores,
-        mask,
-        num_weights=num_weights,
-        alpha=alpha,
-        weights=weights,
-        generator=generator,
-        reference=reference,
-        reference_mask=reference_mask,
-        cost=cost,
-    )
+    """VPO: (advantages, set scores), both (B, G): each rollout's set score (`set_scores`, which
+    takes the options: `num_weights`, `alpha`, `weights`, `generator`, `reference`,
+    `reference_mask`, `cost`), z-normalised within its group with the population std."""
+    values = set_scores(scores, mask, **set_options)
     return standardise(values, eps=eps, unbiased=False), values
 
 
@@ -100,7 +76,9 @@ def set_scores(
     cost: Tensor | None = None,
 ) -> Tensor:
     """(B, G): each rollout's set score E_w[max_c w . r_c], the R2 indicator of its candidates
-    under w ~ Dirichlet(alpha); a rollout without a real candidate scores 0.
+    under w ~ Dirichlet(alpha); a rollout without a real candidate scores 0. `weights` (B, K, d)
+    fixes the draws (one set per group, shared by its G rollouts); otherwise K = `num_weights`
+    are drawn with `generator`.
 
     With a `reference` (B, P, d) (the vectors a group is measured against: its parent, or the
     front of what the campaign held; `reference_mask` (B, P) True for real rows), the score is
@@ -156,7 +134,7 @@ def entropic_advantages(
     mask: Tensor,
     *,
     budget: float = math.log(2),
-    **set_options: object,
+    **set_options: Any,
 ) -> tuple[Tensor, Tensor]:
     """The entropic objective log E[exp(beta R)] of TTT-Discover (Yuksekgonul et al., arXiv
     2601.16175) on the set score R (`set_scores`, with the same options as VPO): each rollout's
@@ -166,7 +144,7 @@ def entropic_advantages(
     its group far more than for being above its mean."""
     if not budget > 0:
         raise ValueError(f"the entropic KL budget must be > 0, got {budget}")
-    values = set_scores(scores, mask, **set_options)  # type: ignore[arg-type]
+    values = set_scores(scores, mask, **set_options)
     beta = entropic_beta(values, budget)
     shifted = (values - values.amax(dim=1, keepdim=True)) * beta.unsqueeze(1)
     weights = torch.softmax(shifted, dim=1) * values.shape[1]
