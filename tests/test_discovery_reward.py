@@ -165,7 +165,8 @@ def rollout(candidates, programs, lazy=(), valid=()) -> TrainingRollout:
 def test_every_slot_counts() -> None:
     """A rollout of one good candidate and two repeats earns less than one whose three
     candidates are distinct and valid; candidates that land on different parts of the front
-    earn more than one of them alone; an unparsed, lazy or failed slot costs the same."""
+    earn more than one of them alone; an unparsed, lazy, failed or zero-scoring slot costs the
+    same."""
     good, left, right = {"a": 0.8, "b": 0.3}, {"a": 0.9, "b": 0.1}, {"a": 0.1, "b": 0.9}
     front = np.array([[0.5, 0.5]])
     rollouts = (
@@ -174,10 +175,11 @@ def test_every_slot_counts() -> None:
         rollout([good, None, None], [7, None, None], valid=[True, False, False]),  # 2 unparsed
         rollout([good, left, left], [7, 8, 3], lazy=[False, False, True], valid=[True] * 3),
         rollout([good, left, right], [7, 8, 10], valid=[True, True, False]),  # one failed
+        rollout([good, left, {"a": 0.0, "b": 0.0}], [7, 8, 11], valid=[True] * 3),  # one scored 0
     )
-    assert [wasted_slots(r, 3) for r in rollouts] == [2, 0, 2, 1, 1]
+    assert [wasted_slots(r, 3) for r in rollouts] == [2, 0, 2, 1, 1, 1]
     group = to_group(TrainingGroup(1, 0, rollouts), ["a", "b"], 3, reference=front, slot_cost=0.1)
-    assert group is not None and np.allclose(group.cost, 0.1 * np.array([2, 0, 2, 1, 1]) / 3)
+    assert group is not None and np.allclose(group.cost, 0.1 * np.array([2, 0, 2, 1, 1, 1]) / 3)
     weights = torch.from_numpy(np.random.default_rng(0).dirichlet([1, 1], size=(1, 4000)))
     earned = set_scores(
         torch.from_numpy(group.scores[None]),
@@ -188,6 +190,7 @@ def test_every_slot_counts() -> None:
     )[0]
     assert earned[1] > earned[0]  # three distinct, valid candidates beat one and two repeats
     assert earned[0] == pytest.approx(earned[2])  # repeats cost what unparsed slots cost
+    assert earned[5] < earned[1]  # a valid equation that scores nothing is a wasted slot too
     alone = set_scores(
         torch.from_numpy(group.scores[None, :1, :1]),
         torch.from_numpy(group.mask[None, :1, :1]),

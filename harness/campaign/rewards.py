@@ -86,9 +86,11 @@ def to_group(
 
 def wasted_slots(rollout: TrainingRollout, candidates: int) -> int:
     """How many of a rollout's `candidates` slots bring nothing new: missing or not parsed, a
-    lazy repeat of its parent or a stored program, a program that failed to run, or the same
-    program as an earlier slot of the rollout. A rollout stored without program ids counts only
-    its missing slots."""
+    lazy repeat of its parent or a stored program, a program that failed to run or scored 0 on
+    every objective, or the same program as an earlier slot of the rollout. (Without the
+    zero-score rule a policy learnt to fill its slots with distinct, valid equations worse than
+    predicting the mean: benchmarks/results/discovery_46.md, seed 1.) A rollout stored without
+    program ids counts only its missing and zero-scoring slots."""
     slots = rollout.candidates[:candidates]
     wasted = candidates - len(slots)
     seen: set[int] = set()
@@ -96,7 +98,8 @@ def wasted_slots(rollout: TrainingRollout, candidates: int) -> int:
         program = rollout.programs[j] if j < len(rollout.programs) else None
         lazy = j < len(rollout.lazy) and rollout.lazy[j]
         failed = j < len(rollout.valid) and not rollout.valid[j]
-        if slot is None or lazy or failed or program in seen:
+        empty = slot is None or not any(value > 0 for value in slot.values())
+        if empty or lazy or failed or program in seen:
             wasted += 1
         if program is not None:
             seen.add(program)
