@@ -37,16 +37,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from trainer.measures import pool_diversity
-
-if TYPE_CHECKING:
-    from trainer.train import Group, TrainConfig
 
 EPS = 1e-6
 
@@ -375,9 +372,11 @@ class Advantages:
 
 
 def compute_advantages(
-    groups: Sequence[Group], config: TrainConfig, generator: torch.Generator | None = None
+    groups: Sequence[Any], config: Any, generator: torch.Generator | None = None
 ) -> Advantages:
-    """One advantage per rollout, groups of the same (G, m, d) batched together."""
+    """One advantage per rollout of `groups` (trainer.train's Group) under `config` (its
+    TrainConfig; neither is imported, since trainer.train imports this module), groups of the
+    same (G, m, d) batched together."""
     estimator = ESTIMATORS[config.advantage]
     options: dict[str, Any] = {}
     if config.advantage in ("vpo", "entropic"):
@@ -430,7 +429,7 @@ def compute_advantages(
     )
 
 
-def _measured_against(groups: Sequence[Group], shape: tuple[int, ...]) -> dict[str, Tensor]:
+def _measured_against(groups: Sequence[Any], shape: tuple[int, ...]) -> dict[str, Tensor]:
     """The reference (B, P, d) with its mask, padded to the longest, and the cost (B, G) of
     groups of one shape; only what some group has."""
     found: dict[str, Tensor] = {}

@@ -18,7 +18,8 @@ to the model through the run's proxy (peer_proxy.py) and is scored by the projec
   the CPU count itself), one local model, and no embedding model or novelty judge: the
   documented ones are OpenAI's and a served chat model has no embeddings.
 - vpo-evolve: `vpo run` with examples/demo.toml (`make demo`'s equation-discovery campaign:
-  compact candidates, G = 4, m = 3, two drafts, a LoRA step of VPO after every 2 groups), the
+  compact candidates, G = 4, m = 3, two drafts, a LoRA step of VPO after every 2 groups), held
+  at 2 iterations in flight and the paper's absolute reward as when the peers were run, the
   openai backend; `vpo` without training (--train-every 0), `vpo-train` with VPO in the loop.
 
 Each peer has a virtual environment of its own under /tmp, made on first use (pip, with torch
@@ -267,6 +268,8 @@ def vpo_launch(
         "--temperature", str(sampling.temperature), "--top-p", str(sampling.top_p),
         "--max-tokens", str(sampling.max_tokens),
     ]  # fmt: skip
+    # The sampling and reward the committed peers runs had: the demo's settings moved since.
+    command += ["--concurrency", "2", "--reward-reference", "none", "--slot-cost", "0"]
     if harness == "vpo":
         command += ["--train-every", "0"]
     else:  # a group of 4 answers of up to 1,024 tokens: without it the step's activations took
