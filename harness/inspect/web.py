@@ -10,6 +10,7 @@ from typing import Any
 from harness.config.errors import UserError
 from harness.inspect import views
 from harness.inspect.dashboard import CampaignView, Dashboard
+from harness.inspect.genealogy import DEFAULT_LIMIT, MAX_LIMIT, Trees
 from harness.store import Store
 from harness.store.models import MAX_ID
 
@@ -61,9 +62,10 @@ def create_app(store: Store, *, local_only: bool = False) -> Any:
     board = Dashboard(store)
     app = FastAPI(title="vpo-evolve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.dashboard = board
+    app.state.trees = Trees(store)
     _guard(app, local_only)
     _page_routes(app)
-    _api_routes(app, board, store)
+    _api_routes(app, board, store, app.state.trees)
     return app
 
 
@@ -118,8 +120,16 @@ def _page_routes(app: Any) -> None:
     def style() -> Response:
         return _file("app.css", "text/css; charset=utf-8")
 
+    @app.get("/search.js")
+    def search_script() -> Response:
+        return _file("search.js", "text/javascript; charset=utf-8")
 
-def _api_routes(app: Any, board: Dashboard, store: Store) -> None:
+    @app.get("/search.css")
+    def search_style() -> Response:
+        return _file("search.css", "text/css; charset=utf-8")
+
+
+def _api_routes(app: Any, board: Dashboard, store: Store, trees: Trees) -> None:
     from fastapi import HTTPException, Query
     from fastapi import Path as PathParameter
 
@@ -173,6 +183,19 @@ def _api_routes(app: Any, board: Dashboard, store: Store) -> None:
         )
         return shown
 
+    @app.get("/api/tree")
+    def tree(
+        campaign: int | None = campaign_id,
+        limit: int = Query(DEFAULT_LIMIT, ge=100, le=MAX_LIMIT),
+    ) -> dict[str, Any]:
+        return trees.get(_view(campaign).campaign.id).view(limit)
+
+    @app.get("/api/programs/{program_id}/story")
+    def story(program_id: int = program_id_path) -> dict[str, Any]:
+        if store.program(program_id) is None:
+            raise HTTPException(404, f"no program {program_id} in {store.where}")
+        return {"program_id": program_id, "rollout": store.story(program_id)}
+
     @app.get("/api/programs/{program_id}/lineage")
     def lineage(program_id: int = program_id_path) -> dict[str, Any]:
         try:
@@ -201,6 +224,7 @@ def serve(store: Store, host: str, port: int) -> None:
     app = create_app(store, local_only=local)
     print(f"vpo ui: reading {store.where} ...", flush=True)
     app.state.dashboard.warm()
+    app.state.trees.warm()
     shown = f"[{host}]" if ":" in host else host
     print(f"vpo ui: http://{shown}:{port}/  (read-only; Ctrl-C stops)", flush=True)
     if not local:

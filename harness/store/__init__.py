@@ -16,6 +16,7 @@ One module per concern, each a part of `Store`:
     claims       iterations claimed by workers
     training     the groups a training step reads and the policy versions it adds
     inspection   programs, lineage, provenance, events and counts read back
+    genealogy    the campaign's family tree and a program's story (prompt, rollout, siblings)
     measures     each iteration's parse rate and pool diversity; a campaign's candidate slots
     aggregates   the incremental queries behind the views and the dashboard
     tables       what they share: the tables, the checks before a write, records from rows
@@ -26,6 +27,7 @@ from __future__ import annotations
 from harness.records import Lineage, NewGroup, NewProgram
 from harness.store.aggregates import REJECTIONS, Aggregates
 from harness.store.claims import Claims
+from harness.store.genealogy import Genealogy
 from harness.store.inspection import Inspection
 from harness.store.iterations import Iterations
 from harness.store.measures import Measures
@@ -46,5 +48,5 @@ __all__ = [
 ]
 
 
-class Store(Campaigns, Iterations, Claims, Training, Inspection, Measures, Aggregates):
+class Store(Campaigns, Iterations, Claims, Training, Inspection, Genealogy, Measures, Aggregates):
     """A solution database on SQLite or PostgreSQL; get one with `Store.open`."""
