@@ -215,10 +215,12 @@ def test_page_runs_no_inline_script_and_serves_nothing_writable(client: TestClie
     assert "script-src 'self'" in policy and "unsafe-inline" not in policy
     assert page.headers["x-content-type-options"] == "nosniff"
     html = page.text
-    assert html.count("<script") == 1 and '<script src="app.js" defer></script>' in html
-    script = client.get("/app.js").text
-    assert "innerHTML" not in script.replace("never through innerHTML", "")
-    assert "eval(" not in script and "insertAdjacentHTML" not in script
+    assert html.count("<script") == 2
+    for name in ("app.js", "search.js"):
+        assert f'<script src="{name}" defer></script>' in html
+        script = client.get(f"/{name}").text
+        assert "innerHTML" not in script.replace("never through innerHTML", "")
+        assert "eval(" not in script and "insertAdjacentHTML" not in script
     for method in ("post", "put", "delete", "patch"):
         assert getattr(client, method)("/api/overview").status_code == 405
 

@@ -290,7 +290,7 @@ def test_dashboard_in_chromium(
     )
     assert code == hostile_code
     assert driver.find_element("id", "program-title").text == "Program 4"
-    assert driver.execute_script("return document.scripts.length") == 1
+    assert driver.execute_script("return document.scripts.length") == 2  # app.js, search.js
     assert driver.execute_script("return document.querySelectorAll('pre script').length") == 0
     with pytest.raises(NoAlertPresentException):
         driver.switch_to.alert.text  # noqa: B018

@@ -49,7 +49,9 @@ def test_show_diff_and_lineage(database: str, capsys: pytest.CaptureFixture) -> 
     change = run(capsys, "diff", "--db", db, "5")
     assert change["from"] == 2 and "-    return 1" in change["diff"]
     assert "+    return 11" in change["diff"]
-    assert run(capsys, "diff", "--db", db, "5", "3")["from"] == 3
+    # Two ids read as `git diff A B`: from A to B.
+    between = run(capsys, "diff", "--db", db, "5", "3")
+    assert (between["from"], between["to"]) == (5, 3)
 
     tree = run(capsys, "lineage", "--db", db, "5")
     assert tree["depth"] == 2 and [step["id"] for step in tree["path"]] == [5, 2, 1]

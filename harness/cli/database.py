@@ -10,7 +10,16 @@ from typing import Any
 
 from harness.cli import render
 from harness.cli.campaigns import find_campaign
-from harness.cli.flags import add_subcommands, k_count, port, program_id, row_count
+from harness.cli.flags import (
+    MAX_DESCENDANTS,
+    add_subcommands,
+    descendant_count,
+    k_count,
+    port,
+    positive_int,
+    program_id,
+    row_count,
+)
 from harness.config.errors import UserError
 
 
@@ -42,17 +51,37 @@ def _add_views(db_commands: Any) -> None:
 
     view("stats", "counts, best values, policy versions")
     sub = view("top", "the best programs by an objective, weights or the mean")
-    sub.add_argument("--objective", default=None)
+    sub.add_argument(
+        "--objective", default=None, help="rank by this objective (default: the mean of all)"
+    )
     sub.add_argument("--weights", default=None, help="a,b,...: one weight per objective")
-    sub.add_argument("-n", type=row_count, default=10)
+    sub.add_argument("-n", type=row_count, default=10, help="how many programs")
     view("pareto", "the non-dominated programs")
     sub = view("show", "one program: code, scores, where it came from")
     sub.add_argument("id", type=program_id)
-    sub = view("diff", "a program against its parent or another program")
+    sub = view("diff", "a program against its parent, or A against B as `git diff A B` reads")
+    sub.add_argument("id", type=program_id, help="the program (A, the old side, with OTHER)")
+    sub.add_argument(
+        "other",
+        type=program_id,
+        nargs="?",
+        default=None,
+        help="the new side: lines of OTHER show as added (default: ID against its parent)",
+    )
+    sub = view("lineage", "ancestors through parents and drafts, and descendants, with scores")
     sub.add_argument("id", type=program_id)
-    sub.add_argument("other", type=program_id, nargs="?", default=None)
-    sub = view("lineage", "ancestry through parents and drafts")
-    sub.add_argument("id", type=program_id)
+    sub.add_argument(
+        "--depth",
+        type=positive_int,
+        default=4,  # views.DESCENDANT_DEPTH, the dashboard's
+        help="generations of descendants shown",
+    )
+    sub.add_argument(
+        "-n",
+        type=descendant_count,
+        default=100,  # views.DESCENDANT_LIMIT
+        help=f"the most descendants shown (up to {MAX_DESCENDANTS})",
+    )
     sub = view("bestk", "best@k and pass@k over the campaign's candidates, k = 1..30")
     sub.add_argument(
         "--k",
@@ -61,12 +90,20 @@ def _add_views(db_commands: Any) -> None:
         help="the largest k (default 30; at most the number of candidate slots)",
     )
     sub = view("plot", "PNG plots of progress, Pareto fronts, iterations and training")
-    sub.add_argument("--out", required=True, help="folder for the PNG files")
+    sub.add_argument(
+        "--out", required=True, help="folder for the PNG files (made if missing; not a file)"
+    )
     sub.add_argument("--pair", default=None, help="x,y: one pair of objectives to plot")
     sub = view("export", "programs or trajectories as JSONL or Parquet")
     sub.add_argument("--what", default="programs", help="programs or trajectories")
-    sub.add_argument("--format", dest="fmt", default="jsonl", help="jsonl or parquet")
-    sub.add_argument("--out", required=True, help="file to write")
+    sub.add_argument(
+        "--format",
+        dest="fmt",
+        default=None,
+        help="jsonl or parquet (default: by the suffix of --out: .jsonl or .json, .parquet; "
+        "a suffix naming the other format is an error, any other suffix takes --format)",
+    )
+    sub.add_argument("--out", required=True, help="the file to write (not a folder)")
     sub = db_commands.add_parser(
         "upgrade",
         help="migrate a database to this release's schema now (a writable open does it on its "
@@ -136,8 +173,14 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
             print(f"{count} {args.what} written to {out}")
         return 0
     if command == "plot":
+        out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            raise UserError(
+                f"--out {out} is a file; plot writes several PNG files into a folder: name one "
+                "(it is made if missing)"
+            )
         pair = None if args.pair is None else args.pair.split(",")
-        files = exports.plot(store, campaign.id, Path(args.out), pair)
+        files = exports.plot(store, campaign.id, out, pair)
         if args.json:
             print(json.dumps({"files": [str(f) for f in files]}))
         else:
@@ -157,7 +200,7 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
     elif command == "diff":
         data = views.diff(store, args.id, args.other)
     else:
-        data = views.lineage(store, args.id)
+        data = views.lineage(store, args.id, depth=args.depth, limit=args.n)
     if args.json:
         print(json.dumps(data, default=str))
     else:

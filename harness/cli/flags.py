@@ -5,6 +5,7 @@ written once (harness/config/settings.py) and every command that takes settings 
 from __future__ import annotations
 
 import argparse
+import copy
 from dataclasses import Field, fields
 from typing import Any, NoReturn
 
@@ -13,11 +14,40 @@ from harness.config.settings import CampaignConfig
 
 MAX_ROWS = 1_000_000  # `vpo db top -n`
 MAX_K = 1000  # `vpo db bestk --k`: each k is one pass over every candidate slot
+MAX_DESCENDANTS = 10_000  # `vpo db lineage -n`: a table, not an export
 # The settings that are flags: every field made with `harness.config.settings.setting`.
 SETTING_FLAGS = tuple(f.name for f in fields(CampaignConfig) if "help" in f.metadata)
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Help that ends each flag's text with its default, where it has one and the text does
+    not give it already: no "default: None" for a flag that is unset unless given, nor
+    "default: False" for a switch."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not _has_default(action) or "default" in text:
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and _has_default(action):  # argparse shows no line for no help
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+
+def _has_default(action: argparse.Action) -> bool:
+    default = action.default
+    unset = default is None or default == argparse.SUPPRESS or default in ("", (), [])
+    return not unset and not isinstance(default, bool)
+
+
 class VpoParser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsShown)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # argparse prints usage over several lines
         raise UserError(f"{message} (see `{self.prog} --help`)")
 
@@ -113,6 +143,13 @@ def row_count(text: str) -> int:
     value = positive_int(text)
     if value > MAX_ROWS:  # more than any table shows; SQLite cannot bind past 2^63 at all
         raise argparse.ArgumentTypeError(f"-n is at most {MAX_ROWS}, not {value}")
+    return value
+
+
+def descendant_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_DESCENDANTS:
+        raise argparse.ArgumentTypeError(f"-n is at most {MAX_DESCENDANTS}, not {value}")
     return value
 
 

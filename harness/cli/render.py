@@ -13,18 +13,42 @@ from typing import Any
 
 from problems.api import Evaluation, Problem, record_note
 
-# The width of a table written to a file or a pipe (rich assumes 80 columns there and cuts
-# paths and wraps rows); on a terminal, the terminal's.
-PIPE_WIDTH = 200
+# The width rich is given for a file or a pipe: more than any line it prints, so that a table
+# takes its natural width and a line its own length (rich assumes 80 columns there and would
+# cut paths and wrap rows). Nothing printed there fills the width: code and diffs are printed
+# as plain lines (`code_block`), not as rich's Syntax, which pads every line to the width.
+PIPE_WIDTH = 100_000
 
 
 def console() -> Any:
-    """A rich console: the terminal's width on a terminal, `PIPE_WIDTH` elsewhere (`COLUMNS`
+    """A rich console: the terminal's width on a terminal, natural widths elsewhere (`COLUMNS`
     set in the environment wins)."""
     from rich.console import Console
 
-    wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
-    return Console(width=PIPE_WIDTH) if wide else Console()
+    return Console(width=PIPE_WIDTH, soft_wrap=True) if piped() else Console()
+
+
+def piped() -> bool:
+    """Whether what is printed goes to a file or a pipe at natural width (`console`)."""
+    return not sys.stdout.isatty() and "COLUMNS" not in os.environ
+
+
+def code_block(text: str, lexer: str, *, line_numbers: bool = False) -> Any:
+    """Untrusted code or a diff, shown inert: highlighted on a terminal; in a file or a pipe,
+    its own lines (numbered like the terminal's), neither padded nor wrapped."""
+    from rich.syntax import Syntax
+    from rich.text import Text
+
+    shown = inert(text)
+    if not piped():
+        return Syntax(shown, lexer, line_numbers=line_numbers)
+    lines = shown.splitlines()
+    if line_numbers:
+        width = len(str(len(lines)))
+        lines = [
+            f"{n:>{width}} {line}" if line else f"{n:>{width}}" for n, line in enumerate(lines, 1)
+        ]
+    return Text("\n".join(lines))
 
 
 def print_problems(problems: Sequence[Any]) -> None:
@@ -244,14 +268,17 @@ def status_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("sampled by trained weights", trained_share(report["versions"])))
     if shown:
         rows.append((f"last step ({last.get('step', report['steps'])})", ", ".join(shown)))
+    note = report.get("policy_folder_note")
     if report.get("policy_bytes") is not None:
         rows.append(
             (
                 "policy versions on disk",
                 f"{report['policy_versions_on_disk']}, {size(report['policy_bytes'])} in "
-                f"{report['policy_folder']}",
+                f"{report['policy_folder']}" + (f" ({note})" if note else ""),
             )
         )
+    elif note:
+        rows.append(("policy versions on disk", f"none found: {note}"))
     rejected = ", ".join(f"{name} {n}" for name, n in report["rejections"].items())
     rows.append((f"rejected of {report['candidates']} candidates", rejected))
     return rows
@@ -300,11 +327,10 @@ def print_view(command: str, data: Any) -> None:
     elif command == "show":
         _print_program(out, data)
     elif command == "diff":
-        from rich.syntax import Syntax
         from rich.text import Text
 
         if data["diff"]:
-            out.print(Syntax(inert(data["diff"]), "diff"))
+            out.print(code_block(data["diff"], "diff"))
         else:
             out.print(Text(f"programs {data['from']} and {data['to']} have the same code"))
     else:
@@ -349,7 +375,8 @@ def _best_at_k(data: dict[str, Any]) -> Any:
 
 
 def _print_program(console: Any, data: Any) -> None:
-    from rich.syntax import Syntax
+    """A program's row, scores and feedback, where it came from, its code, and the completion
+    of the rollout that wrote it (seeds and migrants have none)."""
     from rich.text import Text
 
     console.print(
@@ -371,24 +398,47 @@ def _print_program(console: Any, data: Any) -> None:
             Text(
                 f"from iteration {detail['iteration']} (group {detail['group_id']}), rollout "
                 f"{rollout['position']}, candidate {data['candidate_index']}; drafts shown: "
-                f"{detail['draft_ids'] or 'none'}; parse {rollout['parse_status']}"
+                f"{detail['draft_ids'] or 'none'}; parse {rollout['parse_status']}; sampled by "
+                f"{version_text(data.get('policy_version'))}"
             )
         )
-    console.print(Syntax(inert(data["code"]), "python", line_numbers=True))
+    console.print(code_block(data["code"], "python", line_numbers=True))
+    if detail:
+        tokens = rollout["num_tokens"]
+        console.print()
+        console.print(
+            Text(
+                f"completion of rollout {rollout['position']} ({tokens} tokens, finish "
+                f"{rollout['finish_reason']}):",
+                style="bold",
+            )
+        )
+        console.print(Text(inert(rollout["completion"]) or "(empty)"))
+
+
+def version_text(step: int | None) -> str:
+    """`policy version 3`; version 0 is the weights the campaign started from."""
+    if step is None:
+        return "a policy version no longer in the database"
+    return "policy version 0 (the starting weights)" if step == 0 else f"policy version {step}"
 
 
 def _print_lineage(console: Any, data: Any) -> None:
+    """The program and its ancestors up to a seed, then its descendants generation by
+    generation, each with its scores."""
     from rich.table import Table
     from rich.text import Text
 
+    objectives = data.get("objectives", [])
     table = Table(
         title=f"lineage of program {data['program_id']}: depth {data['depth']}, "
         f"islands {data['islands']}, mean children {data['branching']:.2f}"
     )
-    for column in ("id", "island", "generation", "origin", "children"):
-        table.add_column(column, justify="right")
+    columns = ("id", "island", "generation", "origin", "status", "children")
+    for column in (*columns, *objectives):
+        table.add_column(Text(inert(column)), justify="right")
     for step in data["path"]:
-        table.add_row(*(str(step[k]) for k in ("id", "island", "generation", "origin", "children")))
+        table.add_row(*(str(step[k]) for k in columns), *_lineage_scores(step, objectives))
     console.print(table)
     console.print(
         Text(
@@ -396,6 +446,26 @@ def _print_lineage(console: Any, data: Any) -> None:
             f"{data['ancestors_in_graph']} programs in the graph"
         )
     )
+    descendants = data.get("descendants", [])
+    if not descendants:
+        console.print(Text(f"program {data['program_id']} has no descendants"))
+        return
+    cut = data.get("descendants_cut")
+    table = Table(
+        title=f"descendants of program {data['program_id']}: {len(descendants)}",
+        caption=f"{cut} (see --depth and -n)" if cut else None,
+    )
+    columns = ("below", "id", "parent_id", "island", "generation", "origin", "status", "children")
+    for column in ("below", "id", "parent", *columns[3:], *objectives):
+        table.add_column(Text(inert(column)), justify="right")
+    for program in descendants:
+        table.add_row(*(str(program[k]) for k in columns), *_lineage_scores(program, objectives))
+    console.print(table)
+
+
+def _lineage_scores(program: dict[str, Any], objectives: Sequence[str]) -> list[str]:
+    scores = program.get("scores", {})
+    return [score_text(scores[name]) if name in scores else "-" for name in objectives]
 
 
 def summary_table(title: str, report: dict[str, Any], extra: Sequence[tuple[str, str]] = ()) -> Any:

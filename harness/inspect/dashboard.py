@@ -2,7 +2,8 @@
 
 The server keeps, per campaign, only what the page draws (record points, 2-D Pareto fronts, a
 thinned score cloud, the best programs by mean score, progress points, each iteration's pool
-diversity and parse rate), never the tables. The first read is a handful of aggregate queries;
+diversity and parse rate, the first iteration each policy version sampled, a line of each
+program the top table shows), never the tables. The first read is a handful of aggregate queries;
 after that every request reads only the programs and groups stored since, which is correct
 because programs, scores and groups' measures are never updated once written.
 
@@ -21,6 +22,7 @@ from typing import Any
 
 from harness.config.errors import UserError
 from harness.inspect import status, views
+from harness.inspect.gists import gist, problem_facts
 from harness.records import CampaignRecord, IterationMeasures
 from harness.store import REJECTIONS, Store
 
@@ -42,6 +44,7 @@ class CampaignView:
         self._store = store
         self._lock = threading.Lock()
         self.campaign = campaign
+        self.facts = problem_facts(campaign.problem)
         self._reset()
 
     def _reset(self) -> None:
@@ -72,6 +75,13 @@ class CampaignView:
         # again only when a group or a program was stored since.
         self.versions: list[dict[str, Any]] = []
         self.versions_at: tuple[int, int, int] | None = None
+        # Policy step -> the first iteration it sampled, and the highest group id read for it.
+        self.first_sampled: dict[int, int] = {}
+        self.last_sampled = 0
+        # What is shown of programs, by id (programs are never updated): the record holders'
+        # origins and the top table's gists.
+        self.origins: dict[int, str] = {}
+        self.gists: dict[int, dict[str, str]] = {}
 
     @property
     def programs(self) -> int:
@@ -143,6 +153,7 @@ class CampaignView:
         store, cid = self._store, self.campaign.id
         if self.last_measured and store.group_count(cid, self.last_measured) != len(self.measures):
             self.measures, self.last_measured, self.rejected = {}, 0, _no_rejections()
+            self.first_sampled, self.last_sampled = {}, 0
         after = self.last_measured
         for measured in store.iteration_measures(cid, after):
             self.measures[measured.group_id] = measured
@@ -150,12 +161,16 @@ class CampaignView:
         if self.last_measured > after:
             for reason, count in store.rejections(cid, after, self.last_measured).items():
                 self.rejected[reason] += count
+        for group_id, iteration, step in store.sampling_versions(cid, self.last_sampled):
+            self.first_sampled[step] = min(iteration, self.first_sampled.get(step, iteration))
+            self.last_sampled = max(self.last_sampled, group_id)
 
     def overview(self) -> dict[str, Any]:
         """Everything the main page draws."""
         self.refresh()
         with self._lock:
             policies = self._store.policies(self.campaign.id)
+            origins = self._origins([points[-1][0] for points in self.records.values() if points])
             start = self.progress[0][1] if self.progress else None
             tokens, cumulative = [], 0
             for _, at, count in self.groups:
@@ -175,6 +190,18 @@ class CampaignView:
                     if points
                     for pid, _, score, raw in points[-1:]
                 },
+                # Where each best program came from: "seed" when nothing beat the seed yet.
+                "best_origin": {
+                    name: origins[points[-1][0]] for name, points in self.records.items() if points
+                },
+                # Each objective's description from the problem: why its values are what
+                # they are (a gate holding one at 0); none where the problem is not installed.
+                "notes": {n: self.facts.notes[n] for n in self.objectives if n in self.facts.notes},
+                "version_starts": [
+                    [iteration, step]
+                    for step, iteration in sorted(self.first_sampled.items(), key=lambda s: s[1])
+                    if step > 0
+                ],
                 "records": {
                     name: [[n, pid, score] for pid, n, score, _ in points]
                     for name, points in self.records.items()
@@ -228,7 +255,9 @@ class CampaignView:
         a weighting not asked for recently is read once (and falls back to a query when
         copies crowd the kept rows out)."""
         if objective is not None:
-            return views.top(self._store, self.campaign.id, objective=objective, n=n)
+            return self._with_gists(
+                views.top(self._store, self.campaign.id, objective=objective, n=n)
+            )
         if not views.weights_by_objective(self.objectives, weights):
             return []
         self.refresh()
@@ -245,8 +274,26 @@ class CampaignView:
             kept = list(self.tops[key])
         chosen = views.distinct_ranked(kept, n)
         if len(chosen) < n and len(kept) == TOP_KEPT:
-            return views.top(self._store, self.campaign.id, weights=weights, n=n)
-        return views.ranked_rows(self._store, chosen)
+            return self._with_gists(views.top(self._store, self.campaign.id, weights=weights, n=n))
+        return self._with_gists(views.ranked_rows(self._store, chosen))
+
+    def _with_gists(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The rows, each with its program's `gist` (read once per program)."""
+        with self._lock:
+            missing = [row["id"] for row in rows if row["id"] not in self.gists]
+            if len(self.gists) + len(missing) > 4 * TOP_KEPT:
+                self.gists = {}
+                missing = [row["id"] for row in rows]
+            for program in self._store.programs_by_ids(missing):
+                self.gists[program.id] = gist(program.code, self.facts)
+            return [{**row, "gist": self.gists[row["id"]]} for row in rows]
+
+    def _origins(self, ids: Sequence[int]) -> dict[int, str]:
+        """Program id -> origin ("seed", "llm", "migration"), read once per program."""
+        missing = [i for i in dict.fromkeys(ids) if i not in self.origins]
+        for program in self._store.programs_by_ids(missing):
+            self.origins[program.id] = program.origin
+        return self.origins
 
 
 class Dashboard:

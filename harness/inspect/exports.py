@@ -4,6 +4,7 @@ Parquet, and PNG plots of its progress, fronts, iterations and training."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,46 +18,102 @@ from harness.store import Store
 from problems.api import record_note
 from trainer.measures import pareto_front
 
+# What `vpo db export` writes, by the suffix of --out that says it.
+FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 
-def export(store: Store, campaign_id: int, what: str, fmt: str, out: Path) -> int:
-    """Write programs or trajectories as JSONL (or Parquet); returns the number of rows."""
+
+def export(store: Store, campaign_id: int, what: str, fmt: str | None, out: Path) -> int:
+    """Write programs or trajectories as JSONL or Parquet (`fmt`, else by `out`'s suffix, see
+    `export_format`); returns the number of rows. The file appears whole or not at all: it is
+    written beside `out` and renamed, and a failed write leaves nothing."""
     if what not in ("programs", "trajectories"):
         raise UserError(f"--what must be programs or trajectories, not {what!r}")
-    if fmt not in ("jsonl", "parquet"):
-        raise UserError(f"--format must be jsonl or parquet, not {fmt!r}")
+    if out.is_dir():
+        raise UserError(f"--out {out} is a folder; name a file in it, such as {out}/{what}.jsonl")
+    fmt = export_format(fmt, out)
     if not out.parent.is_dir():  # a typo in the path must not become a tree of new folders
         raise UserError(f"--out {out}: there is no folder {out.parent}; create it first")
+    if fmt == "parquet":
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise UserError("--format parquet needs pyarrow: pip install pyarrow") from None
     rows = (
         _program_rows(store, campaign_id)
         if what == "programs"
         else _trajectory_rows(store, campaign_id)
     )
-    if fmt == "parquet":
-        try:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise UserError("--format parquet needs pyarrow: pip install pyarrow") from None
-        table = pa.Table.from_pylist(list(rows))
-        pq.write_table(table, out)
-        return table.num_rows
-    count = 0
     staging = out.with_name(out.name + ".partial")
-    with staging.open("w", encoding="utf-8") as file:
+    try:
+        count = _write_parquet(rows, staging) if fmt == "parquet" else _write_jsonl(rows, staging)
+        staging.replace(out)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+    return count
+
+
+def export_format(fmt: str | None, out: Path) -> str:
+    """jsonl or parquet: `fmt` where given, else what `out`'s suffix says (`FORMATS`). A
+    suffix that names the other format is an error, and so is no `fmt` with a suffix that
+    names none; `fmt` with any other suffix (`x.txt`, `x`) is taken as given."""
+    named = FORMATS.get(out.suffix.lower())
+    if fmt is not None:
+        if fmt not in ("jsonl", "parquet"):
+            raise UserError(f"--format must be jsonl or parquet, not {fmt!r}")
+        if named is not None and named != fmt:
+            raise UserError(
+                f"--format {fmt} and --out {out.name} disagree; leave out --format, or make "
+                "them agree"
+            )
+        return fmt
+    if out.suffix.lower() == ".csv":
+        raise UserError(
+            f"--out {out.name}: CSV is not written (a row holds lists and nested scores); "
+            "name it .jsonl or .parquet"
+        )
+    if named is None:
+        raise UserError(
+            f"cannot tell the format of --out {out.name} from its suffix; end it in .jsonl, "
+            ".json or .parquet, or give --format jsonl or parquet"
+        )
+    return named
+
+
+def _write_jsonl(rows: Iterator[dict[str, Any]], path: Path) -> int:
+    count = 0
+    with path.open("w", encoding="utf-8") as file:
         for row in rows:
             file.write(json.dumps(row, default=str) + "\n")
             count += 1
-    staging.replace(out)
     return count
+
+
+def _write_parquet(rows: Iterator[dict[str, Any]], path: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(list(rows))
+    pq.write_table(table, path)
+    return table.num_rows
 
 
 def plot(
     store: Store, campaign_id: int, out: Path, pair: Sequence[str] | None = None
 ) -> list[Path]:
     """PNG files in `out`: best value per objective over evaluations, the Pareto front of each
-    pair of objectives (or of `pair`), every stored step metric over the training steps, pool
-    diversity and parse rate per iteration, and evaluations and tokens over time. Returns the
-    files written."""
+    pair of objectives (or of `pair`), the training step metrics by kind, pool diversity and
+    parse rate per iteration with the policy versions that sampled them, and evaluations and
+    tokens over time. Returns the files written."""
+    figures = plot_figures(store, campaign_id, pair)
+    out.mkdir(parents=True, exist_ok=True)
+    return [_save(figure, out / name) for name, figure in figures.items()]
+
+
+def plot_figures(
+    store: Store, campaign_id: int, pair: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The matplotlib figures `plot` saves, by file name, in the order it writes them."""
     import itertools
 
     import matplotlib
@@ -64,14 +121,17 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from harness.inspect.gists import problem_facts, version_starts
+
     objectives = store.objectives(campaign_id)
     if pair is not None and (len(pair) != 2 or any(p not in objectives for p in pair)):
         raise UserError(f"--pair needs two of the objectives {', '.join(objectives)}")
+    campaign = next(c for c in store.campaigns() if c.id == campaign_id)
+    notes = problem_facts(campaign.problem).notes
     ids, _, valid, scores, _ = store.program_vectors(campaign_id, objectives)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
+    figures: dict[str, Any] = {}
 
-    figure, axis = plt.subplots(figsize=(7, 4))
+    figure, axis = plt.subplots(figsize=(8, 4))
     counted = np.where(valid[:, None], scores, 0.0)
     for j, name in enumerate(objectives):
         best = np.maximum.accumulate(counted[:, j])
@@ -82,43 +142,86 @@ def plot(
         # Only with a record: otherwise the line would squash a curve far below it.
         axis.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="best known value")
     axis.set(xlabel="programs evaluated", ylabel="best score", title="Best value per objective")
-    written.append(_save(figure, axis, out / "best.png"))
+    _finish(axis)
+    _note(figure, zero_notes(objectives, scores[valid], notes, partial=False))
+    figures["best.png"] = figure
 
     pairs = [tuple(pair)] if pair is not None else list(itertools.combinations(objectives, 2))
     for x_name, y_name in pairs:
         x, y = objectives.index(x_name), objectives.index(y_name)
-        figure, axis = plt.subplots(figsize=(5.5, 5))
+        figure, axis = plt.subplots(figsize=(7, 5))
         points = scores[valid][:, [x, y]]
         axis.scatter(points[:, 0], points[:, 1], s=8, alpha=0.4, label="valid programs")
         front = points[pareto_front(points)]
         front = front[np.argsort(front[:, 0])]
         axis.plot(front[:, 0], front[:, 1], "o-", color="C3", label="Pareto front")
         axis.set(xlabel=x_name, ylabel=y_name, title=f"Pareto front: {x_name} vs {y_name}")
-        written.append(_save(figure, axis, out / f"pareto_{_file(x_name)}_{_file(y_name)}.png"))
+        _finish(axis)
+        _note(figure, zero_notes([x_name, y_name], points, notes, partial=True))
+        figures[f"pareto_{_file(x_name)}_{_file(y_name)}.png"] = figure
 
-    written.append(_plot_training(store.policies(campaign_id), out / "training.png"))
-    written.append(_plot_measures(store.iteration_measures(campaign_id), out / "iterations.png"))
+    figures["training.png"] = _plot_training(store.policies(campaign_id))
+    starts = version_starts(store.sampling_versions(campaign_id))
+    figures["iterations.png"] = _plot_measures(store.iteration_measures(campaign_id), starts)
 
     timeline = store.timeline(campaign_id)
     figure, axis = plt.subplots(figsize=(7, 4))
     if timeline["programs"]:
         start = timeline["programs"][0][0]
         minutes = [(t - start).total_seconds() / 60 for t, _ in timeline["programs"]]
-        axis.plot(minutes, np.arange(1, len(minutes) + 1), drawstyle="steps-post", label="programs")
+        axis.plot(minutes, np.arange(1, len(minutes) + 1), drawstyle="steps-post")
         if timeline["tokens"]:
             token_minutes = [(t - start).total_seconds() / 60 for t, _ in timeline["tokens"]]
             tokens = np.cumsum([n for _, n in timeline["tokens"]])
             twin = axis.twinx()
-            twin.plot(token_minutes, tokens, color="C1", drawstyle="steps-post", label="tokens")
-            twin.set_ylabel("tokens generated")
-            twin.legend(loc="lower right")
-    axis.set(xlabel="minutes", ylabel="programs stored", title="Evaluations and tokens")
-    written.append(_save(figure, axis, out / "progress.png"))
-    return written
+            twin.plot(token_minutes, tokens, color="C1", drawstyle="steps-post")
+            # Each axis names its line in the line's colour: no legend to cover either.
+            twin.set_ylabel("tokens generated", color="C1")
+    axis.set(xlabel="minutes", title="Evaluations and tokens")
+    axis.set_ylabel("programs stored", color="C0")
+    _finish(axis)
+    figures["progress.png"] = figure
+    return figures
+
+
+# The training step metrics (trainer/train.py StepMetrics) by what they tell, in this order;
+# the rest follow by name under "Other step metrics".
+TRAINING_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Loss", ("loss", "policy_loss")),
+    ("KL to the reference", ("kl",)),
+    ("Ratio and clipping", ("mean_ratio", "clip_fraction")),
+    ("Set score and diversity", ("set_score", "diversity", "zero_std_fraction")),
+)
+# What each metric's y-axis shows; another metric is labelled by its name.
+TRAINING_UNITS = {
+    "loss": "loss",
+    "policy_loss": "policy loss",
+    "kl": "KL per token",
+    "mean_ratio": "π_θ / π_old, token mean",
+    "clip_fraction": "share of tokens clipped",
+    "set_score": "set score, rollout mean",
+    "diversity": "L1 distance, pair mean",
+    "zero_std_fraction": "share of groups",
+    "grad_norm": "gradient norm",
+    "staleness": "versions behind",
+    "fresh_gap": "|Δ log-prob| per token",
+    "trained": "rollouts trained",
+    "groups": "groups",
+    "rollouts": "rollouts",
+    "tokens": "completion tokens",
+    "seconds": "seconds",
+    "tokens_per_second": "tokens / s",
+    "sampler_fraction": "share of rollouts",
+    "cut_rollouts": "rollouts cut",
+    "mismatched": "rollouts",
+    "unshared": "rollouts",
+    "checkpointed": "passes",
+}
+TRAINING_COLUMNS = 4
 
 
 def training_panels(policies: Sequence[PolicyRecord]) -> list[str]:
-    """The step metrics training.png draws: every number a version stored but its step."""
+    """Every number a version stored but its step, by name."""
     return sorted(
         {
             key
@@ -129,66 +232,174 @@ def training_panels(policies: Sequence[PolicyRecord]) -> list[str]:
     )
 
 
-def _plot_training(policies: Sequence[PolicyRecord], path: Path) -> Path:
-    """Every number a training step stored (loss, KL, gradient norm, set score, diversity,
-    clipping, tokens/s, ...), one small panel each, over the policy versions."""
+def training_layout(
+    policies: Sequence[PolicyRecord],
+) -> tuple[list[tuple[str, list[str]]], dict[str, float]]:
+    """What training.png draws: (group title, its metrics) in TRAINING_GROUPS' order, the
+    other metrics last; and the metrics left out because every step that stored one stored
+    the same value (with that value). With fewer than two steps nothing is left out."""
+    constant: dict[str, float] = {}
+    for key in training_panels(policies):
+        values = [p.metrics[key] for p in policies if _number(p.metrics.get(key))]
+        if len(values) > 1 and all(v == values[0] for v in values):
+            constant[key] = values[0]
+    shown = [key for key in training_panels(policies) if key not in constant]
+    grouped = {key for _, keys in TRAINING_GROUPS for key in keys}
+    layout = [(title, [k for k in keys if k in shown]) for title, keys in TRAINING_GROUPS]
+    layout.append(("Other step metrics", [k for k in shown if k not in grouped]))
+    return [(title, keys) for title, keys in layout if keys], constant
+
+
+def _plot_training(policies: Sequence[PolicyRecord]) -> Any:
+    """The training step metrics over the policy versions, a row of panels per group (loss,
+    KL, ratio and clipping, set score and diversity, the rest), each with what its y-axis
+    shows; a note names the metrics left out for holding one value all along."""
     import matplotlib.pyplot as plt
 
     steps = [p.step for p in policies]
-    keys = training_panels(policies)
-    columns = 4
-    rows = max(1, -(-len(keys) // columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.4 * rows), squeeze=False)
-    for axis, key in zip(axes.flat, keys, strict=False):
-        values = [p.metrics.get(key) for p in policies]
-        axis.plot(steps, [np.nan if v is None else v for v in values], "o-", markersize=3)
-        axis.set_title(key, fontsize=9)
-        axis.tick_params(labelsize=7)
-    for axis in list(axes.flat)[len(keys) :]:
-        axis.axis("off")
-    title = "Training steps" if policies else "Training (no policy versions yet)"
-    figure.suptitle(title)
-    figure.supxlabel("training step")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
+    layout, constant = training_layout(policies)
+    if not layout:
+        figure, axis = plt.subplots(figsize=(7, 3))
+        said = "no policy versions yet" if not policies else "every metric held one value"
+        axis.text(0.5, 0.5, said, ha="center", va="center", transform=axis.transAxes)
+        axis.set(xlabel="training step", title="Training", xticks=[], yticks=[])
+        figure.tight_layout()
+        if constant:
+            _note(figure, [_held(constant)])
+        return figure
+    heights = [-(-len(keys) // TRAINING_COLUMNS) for _, keys in layout]
+    figure = plt.figure(figsize=(3.3 * TRAINING_COLUMNS, 2.5 * sum(heights) + 0.6))
+    figure.set_layout_engine("constrained")
+    groups = figure.subfigures(len(heights), 1, height_ratios=heights, squeeze=False)[:, 0]
+    for group, (title, keys), rows in zip(groups, layout, heights, strict=True):
+        group.suptitle(title, x=0.01, ha="left", fontsize=10, fontweight="bold")
+        axes = list(group.subplots(rows, TRAINING_COLUMNS, squeeze=False).flat)
+        for axis, key in zip(axes, keys, strict=False):
+            values = [p.metrics.get(key) for p in policies]
+            numbers = [v if _number(v) else np.nan for v in values]
+            axis.plot(steps, numbers, "o-", markersize=3)
+            axis.set_title(key, fontsize=9)
+            axis.set_ylabel(TRAINING_UNITS.get(key, key.replace("_", " ")), fontsize=8)
+            axis.set_xlabel("training step", fontsize=8)
+            axis.tick_params(labelsize=7)
+            axis.grid(alpha=0.3)
+        for axis in axes[len(keys) :]:
+            axis.axis("off")
+    if constant:
+        _note(figure, [_held(constant)])
+    return figure
 
 
-def _plot_measures(recorded: Sequence[IterationMeasures], path: Path) -> Path:
+def _held(constant: dict[str, float]) -> str:
+    held = ", ".join(f"{key} {value:g}" for key, value in constant.items())
+    return f"Left out, the same at every step: {held}."
+
+
+def _plot_measures(recorded: Sequence[IterationMeasures], starts: Sequence[tuple[int, int]]) -> Any:
     """Pool diversity above, parse rate below: each iteration's value as a dot, the rolling
-    mean as a line."""
+    mean as a line; a dotted line where a policy version first sampled (labelled v<step>)."""
     import matplotlib.pyplot as plt
 
     series = measure_series(recorded)
-    figure, axes = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True)
-    labels = {"pool_diversity": "pool diversity", "parse_rate": "parse rate"}
-    for axis, (name, label) in zip(axes, labels.items(), strict=True):
+    figure, axes = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    labels = {
+        "pool_diversity": ("pool diversity", "pool diversity (L1)"),
+        "parse_rate": ("parse rate", "share of rollouts parsed"),
+    }
+    for axis, (name, (label, unit)) in zip(axes, labels.items(), strict=True):
         x = np.array(series["iteration"], dtype=float)
         values = np.array([np.nan if v is None else v for v in series[name]], dtype=float)
         mean = np.array([np.nan if v is None else v for v in series[f"{name}_mean"]], dtype=float)
         axis.plot(x, values, ".", color="C0", alpha=0.35, label=f"{label} of the iteration")
         axis.plot(x, mean, "-", color="C0", label=f"mean of the last {series['window']}")
-        axis.set(ylabel=label)
+        axis.set(ylabel=unit)
         axis.grid(alpha=0.3)
     axes[1].set(xlabel="iteration", ylim=(-0.02, 1.02))
     axes[1].xaxis.get_major_locator().set_params(integer=True)
+    _version_lines(axes, starts)
     title = "Candidates per iteration" if recorded else "Candidates per iteration (none yet)"
-    axes[0].set_title(title)
-    axes[0].legend(loc="upper left")
-    return _save(figure, axes[1], path)
+    axes[0].set_title(title, pad=14 if starts else 6)
+    for axis in axes:
+        _finish(axis)
+    figure.tight_layout()
+    return figure
 
 
-def _save(figure: Any, axis: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
+def _version_lines(axes: Sequence[Any], starts: Sequence[tuple[int, int]]) -> None:
+    """A dotted line before the first iteration each policy version sampled, on every axis,
+    labelled v<step> above the top one (about a dozen labels at most)."""
+    every = max(1, -(-len(starts) // 12))
+    for i, (iteration, step) in enumerate(starts):
+        for axis in axes:
+            axis.axvline(
+                iteration - 0.5,
+                color="C2",
+                linestyle=":",
+                linewidth=1,
+                label="a new policy version samples" if i == 0 else None,
+            )
+        if i % every == 0:
+            axes[0].text(
+                iteration - 0.5,
+                1.01,
+                f"v{step}",
+                transform=axes[0].get_xaxis_transform(),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="C2",
+            )
 
+
+def zero_notes(
+    names: Sequence[str], values: np.ndarray, notes: dict[str, str], *, partial: bool
+) -> list[str]:
+    """A line per objective at 0 in `values` (programs x objectives, in `names` order): at 0
+    for every program, with the problem's own description of the objective where it has one
+    (which says why: a gate holding simplicity at 0 until the fit beats it); with `partial`,
+    also one at 0 for some programs, saying how many, where the problem describes it."""
+    lines = []
+    for j, name in enumerate(names):
+        column = values[:, j]
+        zeros = int(np.count_nonzero(column == 0))
+        about = notes.get(name)
+        if len(column) and zeros == len(column):
+            lines.append(f"{name} is 0 for every valid program" + (f": {about}" if about else "."))
+        elif partial and zeros and about:
+            lines.append(f"{name} is 0 for {zeros} of {len(column)} valid programs: {about}")
+    return lines
+
+
+def _note(figure: Any, lines: Sequence[str]) -> None:
+    """Lines under the figure, each wrapped to its width and a blank line apart (the saved
+    image grows to hold them)."""
+    import textwrap
+
+    if not lines:
+        return
+    width = int(figure.get_figwidth() * 14)
+    text = "\n\n".join(textwrap.fill(line, width, break_on_hyphens=False) for line in lines)
+    figure.text(0.01, 0.0, text, ha="left", va="top", fontsize=8, color="0.25")
+
+
+def _finish(axis: Any) -> None:
+    """A grid, and the legend to the right of the axes, where it covers no point."""
     axis.grid(alpha=0.3)
     if axis.get_legend_handles_labels()[0]:
-        axis.legend(loc="upper left")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+        axis.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
+
+
+def _save(figure: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    # "tight": the saved image holds the legends and notes drawn outside the axes.
+    figure.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(figure)
     return path
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _file(name: str) -> str:

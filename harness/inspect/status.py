@@ -24,7 +24,11 @@ stored config); nothing is kept in a second place:
     versions    = per policy version (0: the starting weights), what it sampled: groups,
                   rollouts, mean parse rate and pool diversity of its groups, best per objective
     policy_bytes = the bytes in the folder of the newest policy version (the versions kept,
-                  merged copies, leftovers of a kill); None when it is not on this machine
+                  merged copies, leftovers of a kill); None when it is not on this machine.
+                  The folder is the one beside the SQLite file (`x.db` -> `x.policies/NAME`)
+                  when that exists, else the one the database names (`policy_folder_stored`):
+                  a copied or moved database is reported with the versions that travelled
+                  with it, not the original's
 
 A span, not a median of gaps: with several iterations in flight, groups are stored in bursts
 (many gaps near zero, then one long one), so a median gap would say almost nothing.
@@ -69,7 +73,7 @@ def report(store: Store, campaign: CampaignRecord, now: datetime | None = None) 
     return {
         **summary,
         **progress(store, campaign, now),
-        **versions_on_disk(store.latest_policy(campaign.id)),
+        **versions_on_disk(store.latest_policy(campaign.id), _database_file(store)),
         "versions": [row.as_json() for row in versions],
         "candidates": rejected.pop("candidates"),
         "rejections": rejected,
@@ -109,27 +113,57 @@ def progress(store: Store, campaign: CampaignRecord, now: datetime | None = None
     }
 
 
-def versions_on_disk(latest: PolicyRecord | None) -> dict[str, Any]:
+def versions_on_disk(latest: PolicyRecord | None, database: Path | None = None) -> dict[str, Any]:
     """The folder of the newest policy version, the versions it holds and its bytes (all of
-    its files, the versions' merged copies and a killed save's leftovers included); the counts
-    are None without a version, or when the folder is not on this machine (the trainer ran on
-    another, or its path is relative to another working folder)."""
-    unknown = {"policy_folder": None, "policy_versions_on_disk": None, "policy_bytes": None}
-    if latest is None:
-        return unknown
-    folder = Path(latest.path).parent
+    its files, the versions' merged copies and a killed save's leftovers included), the
+    folder the database names (`policy_folder_stored`), and a note when the two differ or
+    the folder is missing. The folder beside `database`, a SQLite file, wins where it exists:
+    a database copied with its policy folder names the original's. The counts are None
+    without a version, or when neither folder is on this machine (the trainer ran on another,
+    or its path is relative to another working folder)."""
+    stored = Path(latest.path).parent if latest is not None else None
+    beside = None
+    if stored is not None and database is not None:
+        beside = database.with_name(database.stem + ".policies") / stored.name
+    folder = beside if beside is not None and beside.is_dir() else stored
+    report: dict[str, Any] = {
+        "policy_folder": None,
+        "policy_folder_stored": None if stored is None else str(stored),
+        "policy_folder_note": None,
+        "policy_versions_on_disk": None,
+        "policy_bytes": None,
+    }
+    if folder is None or stored is None:
+        return report
     try:
         with os.scandir(folder) as found:
             entries = list(found)
     except OSError:
-        return unknown
+        report["policy_folder_note"] = f"the database names {stored}, not on this machine"
+        return report
+    if folder != stored:
+        report["policy_folder_note"] = f"the database names {stored}"
+    elif beside is not None and beside != stored and stored.parent.suffix == ".policies":
+        # Beside another database file: this one was copied or moved without its folder.
+        report["policy_folder_note"] = (
+            f"beside the database this one was copied from; none at {beside}"
+        )
     return {
+        **report,
         "policy_folder": str(folder),
         "policy_versions_on_disk": sum(
             1 for entry in entries if _VERSION.fullmatch(entry.name) and entry.is_dir()
         ),
         "policy_bytes": sum(_bytes(entry) for entry in entries),
     }
+
+
+def _database_file(store: Store) -> Path | None:
+    """The SQLite file `store` reads; None for a server or an in-memory database."""
+    url = store.engine.url
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
 
 
 def _bytes(entry: os.DirEntry[str]) -> int:

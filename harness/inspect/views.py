@@ -220,7 +220,11 @@ def pareto(store: Store, campaign_id: int) -> list[dict[str, Any]]:
 
 
 def show(store: Store, program_id: int) -> dict[str, Any]:
+    """One program: its row, code, feedback, and where it came from (`origin_detail`: the
+    group and the rollout, with the completion that wrote it; None for seeds and migrants)
+    with `policy_version`, the step of the weights that sampled that rollout."""
     program = _program(store, program_id)
+    detail = store.provenance(program_id)
     return {
         **program_row(program),
         "code": program.code,
@@ -230,32 +234,58 @@ def show(store: Store, program_id: int) -> dict[str, Any]:
         "metrics": program.metrics,
         "created_at": program.created_at.isoformat(),
         "candidate_index": program.candidate_index,
-        "origin_detail": store.provenance(program_id),
+        "origin_detail": detail,
+        "policy_version": _sampled_by(store, program.campaign_id, detail),
     }
 
 
+def _sampled_by(store: Store, campaign_id: int, detail: dict[str, Any] | None) -> int | None:
+    """The step of the policy version whose weights sampled the rollout: 0 for the weights the
+    campaign started from (a rollout names no version then); None without a rollout, or when
+    the version it names is not in the database."""
+    if detail is None:
+        return None
+    version_id = detail["trajectory"]["policy_version_id"]
+    if version_id is None:
+        return 0
+    return {p.id: p.step for p in store.policies(campaign_id)}.get(version_id)
+
+
 def diff(store: Store, program_id: int, other_id: int | None = None) -> dict[str, Any]:
-    """A unified diff from `other_id` (default: the program's parent) to the program."""
-    program = _program(store, program_id)
+    """A unified diff read as `git diff A B` reads: from `program_id` to `other_id`, the lines
+    of `other_id` added; without `other_id`, from the program's parent to the program."""
     if other_id is None:
+        program = _program(store, program_id)
         if program.parent_id is None:
             raise UserError(f"program {program_id} has no parent; name one to compare with")
-        other_id = program.parent_id
-    other = _program(store, other_id)
+        old, new = _program(store, program.parent_id), program
+    else:
+        old, new = _program(store, program_id), _program(store, other_id)
     lines = difflib.unified_diff(
-        other.code.splitlines(keepends=True),
-        program.code.splitlines(keepends=True),
-        fromfile=f"program {other_id}",
-        tofile=f"program {program_id}",
+        old.code.splitlines(keepends=True),
+        new.code.splitlines(keepends=True),
+        fromfile=f"program {old.id}",
+        tofile=f"program {new.id}",
     )
-    return {"from": other_id, "to": program_id, "diff": "".join(lines)}
+    return {"from": old.id, "to": new.id, "diff": "".join(lines)}
 
 
-def lineage(store: Store, program_id: int) -> dict[str, Any]:
-    """Ancestry through parents and the drafts each ancestor's prompt showed, as a graph."""
+# How far `lineage` follows a program's descendants by default: generations down, and programs
+# in all (a seed of a long campaign has tens of thousands).
+DESCENDANT_DEPTH = 4
+DESCENDANT_LIMIT = 100
+
+
+def lineage(
+    store: Store, program_id: int, depth: int = DESCENDANT_DEPTH, limit: int = DESCENDANT_LIMIT
+) -> dict[str, Any]:
+    """Ancestry through parents and the drafts each ancestor's prompt showed, as a graph; and
+    the descendants, breadth first: children, grandchildren, ... at most `depth` generations
+    down and `limit` programs (`descendants_cut` says what was left out, else None). Each
+    program listed has its status and scores (`objectives` names them in order)."""
     import networkx as nx
 
-    _program(store, program_id)
+    program = _program(store, program_id)
     chain = store.ancestry(program_id)
     graph = nx.DiGraph()
     for pid, parent, island, generation, origin in chain:
@@ -268,9 +298,22 @@ def lineage(store: Store, program_id: int) -> dict[str, Any]:
             if not graph.has_node(draft):
                 graph.add_node(draft)
             graph.add_edge(draft, pid, kind="draft")
-    children = store.children_counts([pid for pid, *_ in chain])
+    descendants, cut = _descendants(store, program_id, depth, limit)
+    listed = [pid for pid, *_ in chain] + [d["id"] for d in descendants]
+    children = store.children_counts(listed)
+    standing = {
+        pid: {"status": row["status"], "scores": row["scores"]}
+        for pid, row in store.standing(listed).items()
+    }
+    if cut is None and descendants and depth > 0:
+        deepest = [d["id"] for d in descendants if d["below"] == depth]
+        further = sum(children.get(pid, 0) for pid in deepest)
+        if further:
+            programs = "1 program" if further == 1 else f"{further} programs"
+            cut = f"{programs} {depth + 1} generations down, and all below, not shown"
     return {
         "program_id": program_id,
+        "objectives": store.objectives(program.campaign_id),
         "depth": len(chain) - 1,
         "path": [
             {
@@ -279,6 +322,7 @@ def lineage(store: Store, program_id: int) -> dict[str, Any]:
                 "generation": generation,
                 "origin": origin,
                 "children": children.get(pid, 0),
+                **standing[pid],
             }
             for pid, _, island, generation, origin in chain
         ],
@@ -289,7 +333,31 @@ def lineage(store: Store, program_id: int) -> dict[str, Any]:
         "drafts_shown": sum(1 for *_, kind in graph.edges(data="kind") if kind == "draft"),
         "ancestors_in_graph": graph.number_of_nodes() - 1,
         "edges": [{"from": a, "to": b, "kind": kind} for a, b, kind in graph.edges(data="kind")],
+        "descendants": [
+            {**d, "children": children.get(d["id"], 0), **standing[d["id"]]} for d in descendants
+        ],
+        "descendants_cut": cut,
     }
+
+
+def _descendants(
+    store: Store, program_id: int, depth: int, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The programs below `program_id`, generation by generation (`below`: 1 for a child), ids
+    in order within one, at most `depth` generations and `limit` programs; and a note when
+    `limit` cut them short. One keyed query on parent_id per generation."""
+    found: list[dict[str, Any]] = []
+    level = [program_id]
+    for below in range(1, depth + 1):
+        if not level:
+            break
+        children = store.children_of(level, limit - len(found) + 1)
+        if len(found) + len(children) > limit:
+            found += [{**c, "below": below} for c in children[: limit - len(found)]]
+            return found, f"more than {limit} descendants; the first {limit} shown"
+        found += [{**c, "below": below} for c in children]
+        level = [c["id"] for c in children]
+    return found, None
 
 
 def _distinct(order: np.ndarray, hashes: list[str], n: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""The campaign's family tree and each program's story, read back for the dashboard.
+"""The campaign's family tree and each program's story, read back for the dashboard and
+`vpo db lineage`.
 
 `family` is what the genealogy page draws: every program's parent, island, generation, origin,
 status and the policy version that sampled it, as arrays, read incrementally (id > after_id) so
@@ -14,9 +15,10 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select
+from sqlalchemy.engine import Connection
 
 from harness.store.opening import Database
-from harness.store.tables import GROUP, POLICY, PROGRAM, SCORE, TRAJECTORY
+from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
 
 ORIGIN_CODES = {"seed": 0, "llm": 1, "migration": 2}
 
@@ -101,7 +103,7 @@ class Genealogy(Database):
                 for c in _candidate_list(r.candidates)
                 if isinstance(c.get("program_id"), int)
             }
-            outcomes = self._program_outcomes(connection, sorted(written))
+            outcomes = _standing(connection, sorted(written))
         return {
             "group_id": row.group_id,
             "iteration": row.iteration,
@@ -125,23 +127,50 @@ class Genealogy(Database):
             ],
         }
 
-    def _program_outcomes(self, connection: Any, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
-        """Each stored program's status, error and scores, by id."""
-        if not ids:
-            return {}
-        found: dict[int, dict[str, Any]] = {}
+    def children_of(self, parents: Sequence[int], limit: int) -> list[dict[str, Any]]:
+        """The programs whose parent is one of `parents` (id, parent_id, island, generation,
+        origin), lowest ids first, at most `limit`: a lookup on the parent_id index per
+        `ID_BATCH` parents, whatever the campaign's size."""
+        found: list[dict[str, Any]] = []
+        with self._reading() as connection:
+            for start in range(0, len(parents), ID_BATCH):
+                rows = connection.execute(
+                    select(
+                        PROGRAM.c.id,
+                        PROGRAM.c.parent_id,
+                        PROGRAM.c.island,
+                        PROGRAM.c.generation,
+                        PROGRAM.c.origin,
+                    )
+                    .where(PROGRAM.c.parent_id.in_(list(parents[start : start + ID_BATCH])))
+                    .order_by(PROGRAM.c.id)
+                    .limit(limit)
+                ).all()
+                found += [dict(row._mapping) for row in rows]
+        return sorted(found, key=lambda row: row["id"])[:limit]
+
+    def standing(self, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+        """Each stored program's status, error and scores by objective, by id."""
+        with self._reading() as connection:
+            return _standing(connection, ids)
+
+
+def _standing(connection: Connection, ids: Sequence[int]) -> dict[int, dict[str, Any]]:
+    found: dict[int, dict[str, Any]] = {}
+    for start in range(0, len(ids), ID_BATCH):
+        batch = list(ids[start : start + ID_BATCH])
         for pid, status, error in connection.execute(
-            select(PROGRAM.c.id, PROGRAM.c.status, PROGRAM.c.error).where(PROGRAM.c.id.in_(ids))
+            select(PROGRAM.c.id, PROGRAM.c.status, PROGRAM.c.error).where(PROGRAM.c.id.in_(batch))
         ):
             found[pid] = {"status": status, "error": error, "scores": {}}
         for pid, objective, value in connection.execute(
-            select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value).where(
-                SCORE.c.program_id.in_(ids)
-            )
+            select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value)
+            .where(SCORE.c.program_id.in_(batch))
+            .order_by(SCORE.c.program_id, SCORE.c.objective)
         ):
             if pid in found:
                 found[pid]["scores"][objective] = value
-        return found
+    return found
 
 
 def _candidate_list(stored: Any) -> list[dict[str, Any]]:

@@ -120,6 +120,22 @@ class Measures(Database):
                             row.best[objective] = value
         return [rows[step] for step in sorted(rows)]
 
+    def sampling_versions(
+        self, campaign_id: int, after_group: int = 0
+    ) -> list[tuple[int, int, int]]:
+        """(group id, iteration, policy step that sampled it; 0: the starting weights) of the
+        campaign's groups with id > `after_group`, by id."""
+        query = (
+            select(GROUP.c.id, GROUP.c.iteration, POLICY.c.step)
+            .outerjoin(POLICY, POLICY.c.id == GROUP.c.policy_version_id)
+            .where(GROUP.c.campaign_id == campaign_id, GROUP.c.id > after_group)
+            .order_by(GROUP.c.id)
+        )
+        with self._reading() as connection:
+            return [
+                (gid, iteration, step or 0) for gid, iteration, step in connection.execute(query)
+            ]
+
     def group_count(self, campaign_id: int, upto: int) -> int:
         """How many of the campaign's groups have id <= `upto`."""
         with self._reading() as connection:

@@ -146,12 +146,25 @@ def _database_url(target: str | os.PathLike[str], *, create: bool) -> URL:
     if path and path != ":memory:" and not path.startswith("file:"):
         # Absolute, so a later chdir cannot point new pool connections at another file.
         file = Path(path).expanduser().absolute()
+        if file.is_dir():  # SQLite would answer "disk I/O error" on its first read
+            raise UserError(f"{file} is a folder, not a database file; give the .db file's path")
         if not file.exists():
             if not create:
                 raise UserError(f"no database at {file}; check the path or start a campaign there")
-            file.parent.mkdir(parents=True, exist_ok=True)
+            _make_folder(file.parent)
         url = url.set(database=str(file))
     return url
+
+
+def _make_folder(folder: Path) -> None:
+    """The folder a new database file goes in, made where missing; a file in its way is a
+    one-line error."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UserError(
+            f"cannot create a database in {folder}: a file is in the way of that folder"
+        ) from None
 
 
 def _describe(url: URL) -> str:

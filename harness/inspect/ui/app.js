@@ -102,14 +102,17 @@ function extent(values, pad = 0) {
 // (a path with dots), "step" (a staircase with dots), "scatter", "cloud" (faint grey dots),
 // "faint" (faint dots in the series' colour), "front" (the Pareto front: red dots joined),
 // "reference" (a dashed grey line, no dots). `color` picks the colour of another series index.
-function chart(title, series, xlabel, ylabel) {
+// options.versions: [[x, step]] where a policy version first sampled, drawn as dotted lines
+// labelled v<step> (about a dozen labels at most); options.notes: lines of text under the chart.
+function chart(title, series, xlabel, ylabel, options = {}) {
   const box = el("div", { class: "plot" }, el("h3", { text: title }));
   const root = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
   root.append(svg("title", {}, title));
   const all = series.flatMap((s) => s.points);
+  const notes = (options.notes || []).map((line) => el("p", { class: "plot-note", text: line }));
   if (!all.length) {
     root.append(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle" }, "no data yet"));
-    box.append(root);
+    box.append(root, ...notes);
     return box;
   }
   const [x0, x1] = extent(all.map((p) => p[0]), 0.02);
@@ -128,6 +131,16 @@ function chart(title, series, xlabel, ylabel) {
   root.append(svg("text", { x: (M.left + W - M.right) / 2, y: H - 4, "text-anchor": "middle" }, xlabel));
   root.append(svg("text", { x: 12, y: (M.top + H - M.bottom) / 2, "text-anchor": "middle",
     transform: `rotate(-90 12 ${(M.top + H - M.bottom) / 2})` }, ylabel));
+  const versions = (options.versions || []).filter(([x]) => x - 0.5 >= x0 && x - 0.5 <= x1);
+  const every = Math.max(1, Math.ceil(versions.length / 12));
+  versions.forEach(([x, step], i) => {
+    const at = sx(x - 0.5); // between the last iteration of the version before and its first
+    const mark = svg("line", { class: "version", x1: at, x2: at, y1: M.top, y2: H - M.bottom });
+    mark.append(svg("title", {}, `policy version ${step} samples from iteration ${x}`));
+    root.append(mark);
+    // Above the plotting area, where no point is.
+    if (i % every === 0) root.append(svg("text", { class: "version", x: at, y: M.top - 1, "text-anchor": "middle" }, `v${step}`));
+  });
   series.forEach((s, i) => {
     const cls = `series-${(s.color ?? i) % 5}`;
     if (!["cloud", "scatter", "faint"].includes(s.kind)) {
@@ -156,12 +169,13 @@ function chart(title, series, xlabel, ylabel) {
     }
   });
   const named = series.map((s, i) => [s, i]).filter(([s]) => s.name);
-  if (named.length) {
-    box.append(el("div", { class: "legend" }, ...named.map(([s, i]) =>
-      el("span", {}, el("i", { class: s.kind === "front" || s.kind === "reference" ? s.kind
-        : `series-${(s.color ?? i) % 5}` }), s.name))));
+  if (named.length || versions.length) {
+    const keys = named.map(([s, i]) => el("span", {}, el("i", { class: s.kind === "front"
+      || s.kind === "reference" ? s.kind : `series-${(s.color ?? i) % 5}` }), s.name));
+    if (versions.length) keys.push(el("span", {}, el("i", { class: "version" }), "a new policy version samples"));
+    box.append(el("div", { class: "legend" }, ...keys));
   }
-  box.append(root);
+  box.append(root, ...notes);
   return box;
 }
 
@@ -196,7 +210,7 @@ function renderSummary(o) {
     card("valid", fmt(o.valid_programs)),
     card("iterations", s.budget === null ? fmt(s.iterations) : `${fmt(s.iterations)} of ${fmt(s.budget)}`,
       null, null, s.stopped_by ? `stopped by ${s.stopped_by}` : undefined),
-    card("elapsed", `${duration(s.elapsed_s)}${s.running ? "" : " (idle)"}`),
+    card("elapsed", `${duration(s.elapsed_s)}${s.running || o.campaign.status !== "running" ? "" : " (idle)"}`),
     card("time left", s.eta_s === null ? "–" : `about ${duration(s.eta_s)}`),
     card("tokens", fmt(o.tokens)),
     card("policy steps", fmt(o.policy_steps)),
@@ -206,7 +220,11 @@ function renderSummary(o) {
     null, why.join(" · ")));
   for (const [name, best] of Object.entries(o.best)) {
     const raw = best.raw === null ? "" : ` (raw ${fmt(best.raw, 6)})`;
-    cards.push(card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`, best.record));
+    // Records are kept only when beaten: a seed holding one is still the best found.
+    const seed = o.best_origin[name] === "seed" ? `program ${best.program_id} is still the seed: nothing beat it` : null;
+    const box = card(`best ${name}`, `${fmt(best.score)}${raw}`, `#/program/${best.program_id}`, best.record, seed);
+    if (seed) box.classList.add("seed");
+    cards.push(box);
   }
   const rollouts = o.versions.reduce((a, v) => a + v.rollouts, 0);
   if (o.policy_steps || o.versions.some((v) => v.step > 0)) {
@@ -248,16 +266,21 @@ function renderPlots(o) {
     best.push({ name: "best known value", kind: "reference",
       points: [[Math.min(...ends), 1], [Math.max(...ends), 1]] });
   }
-  plots.push(chart("Best value per objective", best, "valid programs evaluated", "best score"));
+  // A best value of 0 is every valid program's value: the best as the one value of a column.
+  const bests = o.objectives.filter((name) => o.records[name].length)
+    .map((name) => [name, [o.records[name][o.records[name].length - 1][2]]]);
+  plots.push(chart("Best value per objective", best, "valid programs evaluated", "best score",
+    { notes: zeroNotes(bests, o.notes, false) }));
   o.fronts.forEach((front) => {
     const xi = o.objectives.indexOf(front.x) + 1, yi = o.objectives.indexOf(front.y) + 1;
+    const columns = [[front.x, o.cloud.map((p) => p[xi])], [front.y, o.cloud.map((p) => p[yi])]];
     plots.push(chart(`Pareto front: ${front.x} vs ${front.y}`, [
       { kind: "cloud", points: o.cloud.map((p) => [p[xi], p[yi], p[0]]) },
       { name: "front", kind: "front", points: front.points.map(([id, x, y]) => [x, y, id]) },
-    ], front.x, front.y));
+    ], front.x, front.y, { notes: zeroNotes(columns, o.notes, true) }));
   });
   plots.push(...trainingCharts(o.training));
-  plots.push(measuresChart(o.measures));
+  plots.push(measuresChart(o.measures, o.version_starts));
   plots.push(chart("Programs stored", [{ name: "programs", kind: "line", points: o.progress.programs }],
     "minutes", "programs"));
   plots.push(chart("Tokens generated", [{ name: "tokens", kind: "line", points: o.progress.tokens }],
@@ -265,36 +288,68 @@ function renderPlots(o) {
   $("plots").replaceChildren(...plots);
 }
 
-// The metrics each training step stored (trainer/train.py StepMetrics), a chart per quantity;
-// one placeholder before the first step. A chart none of the steps has a value for is left out.
+// A line per objective at 0 in its column of values ([[name, values]]): at 0 for every program,
+// with the problem's own description of the objective where it has one (`notes`: it says why,
+// as a gate holding simplicity at 0 until the fit beats it); with `partial`, also one at 0 for
+// some of them, saying how many, where the problem describes it. As exports.zero_notes words it.
+function zeroNotes(columns, notes, partial) {
+  const lines = [];
+  for (const [name, values] of columns) {
+    const zeros = values.filter((v) => v === 0).length;
+    const about = notes[name];
+    if (values.length && zeros === values.length) {
+      lines.push(`${name} is 0 for every valid program${about ? `: ${about}` : "."}`);
+    } else if (partial && zeros && about) {
+      lines.push(`${name} is 0 for ${fmt(zeros)} of ${fmt(values.length)} programs drawn: ${about}`);
+    }
+  }
+  return lines;
+}
+
+// The metrics each training step stored (trainer/train.py StepMetrics), a chart per quantity
+// in the order of training.png's groups (loss, KL, ratio and clipping, set score and
+// diversity, the rest), each y-axis saying what it shows; one placeholder before the first
+// step. A chart none of the steps has a value for is left out, and so is one whose every
+// metric held one value over two or more steps (a note under the charts names them).
 const TRAINING = [
-  ["Training: loss", [["loss", "loss"], ["policy_loss", "policy loss"]]],
-  ["Training: KL to the reference", [["kl", "KL"]]],
-  ["Training: gradient norm", [["grad_norm", "grad norm"]]],
-  ["Training: clip fraction", [["clip_fraction", "clip fraction"]]],
-  ["Training: set score and diversity", [["set_score", "set score"], ["diversity", "diversity"]]],
-  ["Training: staleness", [["staleness", "policy versions behind"]]],
+  ["Training: loss", "loss", [["loss", "loss"], ["policy_loss", "policy loss"]]],
+  ["Training: KL to the reference", "KL per token", [["kl", "KL"]]],
+  ["Training: ratio to the sampling policy", "π_θ / π_old, token mean", [["mean_ratio", "mean ratio"]]],
+  ["Training: clip fraction", "share of tokens clipped", [["clip_fraction", "clip fraction"]]],
+  ["Training: set score and diversity", "score · L1 distance", [["set_score", "set score"], ["diversity", "diversity"]]],
+  ["Training: gradient norm", "gradient norm", [["grad_norm", "grad norm"]]],
+  ["Training: staleness", "versions behind", [["staleness", "policy versions behind"]]],
 ];
 
 function trainingCharts(steps) {
-  if (!steps.length) return [chart("Training (no policy versions yet)", [], "training step", "value")];
-  return TRAINING.map(([title, keys]) => [title, keys.map(([key, name]) => ({ name, kind: "trend",
-    points: steps.filter((m) => key in m).map((m) => [m.step, m[key]]) }))])
-    .filter(([, series]) => series.some((s) => s.points.length))
-    .map(([title, series]) => chart(title, series, "training step", "value"));
+  if (!steps.length) return [chart("Training (no policy versions yet)", [], "training step", "")];
+  const charts = TRAINING.map(([title, unit, keys]) => [title, unit, keys.map(([key, name]) => ({
+    key, name, kind: "trend", points: steps.filter((m) => key in m).map((m) => [m.step, m[key]]) }))])
+    .filter(([, , series]) => series.some((s) => s.points.length));
+  const held = (s) => s.points.length > 1 && s.points.every((p) => p[1] === s.points[0][1]);
+  const constant = charts.filter(([, , series]) => series.every(held));
+  const shown = charts.filter((c) => !constant.includes(c))
+    .map(([title, unit, series]) => chart(title, series, "training step", unit));
+  if (constant.length) {
+    const names = constant.flatMap(([, , series]) => series.map((s) => `${s.key} ${fmt(s.points[0][1])}`));
+    shown.push(el("p", { class: "plot-note", id: "training-held",
+      text: `Training charts left out, the same at every step: ${names.join(", ")}.` }));
+  }
+  return shown;
 }
 
 // Each iteration's pool diversity and parse rate as faint dots, their rolling means as lines in
 // the same colours; an iteration without a value (skipped, or fewer than two programs for the
-// diversity) has no dot.
-function measuresChart(m) {
+// diversity) has no dot. A dotted line where a policy version first sampled ([[iteration, step]]).
+function measuresChart(m, starts) {
   const points = (key) => m.iteration.map((x, j) => [x, m[key][j]]).filter((p) => p[1] !== null);
   const series = [];
   [["pool_diversity", "pool diversity"], ["parse_rate", "parse rate"]].forEach(([key, label], color) => {
     series.push({ kind: "faint", color, points: points(key) });
     series.push({ name: `${label} (mean of ${m.window})`, kind: "line", color, points: points(`${key}_mean`) });
   });
-  return chart("Pool diversity and parse rate per iteration", series, "iteration", "value");
+  return chart("Pool diversity and parse rate per iteration", series, "iteration",
+    "diversity (L1) · share parsed", { versions: starts });
 }
 
 function renderRankChoices(objectives) {
@@ -329,11 +384,12 @@ function renderTop() {
     ["rank", "#"], ["id", "id"], ["value", "value"],
     ...state.objectives.map((o) => [`score:${o}`, o]),
     ["island", "island"], ["generation", "gen"], ["origin", "origin"], ["parent_id", "parent"],
+    ["gist", "program"],
   ];
   const head = el("tr", {}, ...columns.map(([key, label]) => {
-    const th = el("th", { text: label, "data-key": key, class: key === "origin" ? "text" : "" });
+    const th = el("th", { text: label, "data-key": key, class: ["origin", "gist"].includes(key) ? "text" : "" });
     if (state.sortKey === key || (!state.sortKey && key === "value")) th.classList.add("sorted");
-    th.addEventListener("click", () => sortBy(key));
+    if (key !== "gist") th.addEventListener("click", () => sortBy(key));
     return th;
   }));
   $("top").tHead.replaceChildren(head);
@@ -341,6 +397,7 @@ function renderTop() {
   state.rows = rows;
   const body = rows.map((row) => {
     const tr = el("tr", { "data-id": row.id }, ...columns.map(([key]) => {
+      if (key === "gist") return gistCell(row.gist);
       const score = key.startsWith("score:") || key === "value";
       const value = key.startsWith("score:") ? row.scores[key.slice(6)] : row[key];
       const text = score && typeof value === "number" ? value.toFixed(4) : fmt(value);
@@ -352,6 +409,15 @@ function renderTop() {
     return tr;
   });
   $("top").tBodies[0].replaceChildren(...body);
+}
+
+// A program in a line, as text: the expression it returns (an equation's, or its entry
+// function's only return) or the first line of its code; the code, cut short, on hover, and
+// all of it on the program's page.
+function gistCell(gist) {
+  if (!gist) return el("td", { class: "gist text", text: "–" });
+  const shown = gist.kind === "expression" ? el("code", { text: gist.text }) : document.createTextNode(gist.text);
+  return el("td", { class: `gist text ${gist.kind}`, title: gist.code }, shown);
 }
 
 function sortBy(key) {
@@ -381,8 +447,12 @@ async function refreshOverview() {
       state.lastSeen = o.last_program_id;
       await loadTop();
     }
-    $("live").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
-    $("live").className = "live ok";
+    // "live" only while the campaign writes: a finished (or failed, stopped) one says so, and
+    // one still marked running that wrote nothing lately says it is idle (killed, or waiting).
+    const running = o.campaign.status === "running";
+    const said = running ? (o.status.running ? "live" : "idle: nothing written lately") : o.campaign.status;
+    $("live").textContent = `${said} · updated ${new Date().toLocaleTimeString()}`;
+    $("live").className = `live ${running ? (o.status.running ? "ok" : "idle") : "done"}`;
     showError("");
   } catch (error) {
     $("live").textContent = `not updating: ${error.message}`;
@@ -437,6 +507,7 @@ function fact(label, value, href) {
 
 async function showProgram(id) {
   $("overview-page").hidden = true;
+  $("tree-page").hidden = true;
   $("program-page").hidden = false;
   $("live").textContent = "a program page: updates resume on the overview";
   $("live").className = "live";
@@ -453,8 +524,7 @@ async function showProgram(id) {
     highlight($("program-code"), p.code);
     $("diff-title").hidden = $("program-diff").hidden = p.diff === null;
     if (p.diff !== null) renderDiff($("program-diff"), p.diff || "(same code as its parent)");
-    const feedback = { error: p.error, metrics: p.metrics };
-    $("program-feedback").textContent = JSON.stringify(feedback, null, 2);
+    renderEvaluation(p);
     const detail = p.origin_detail;
     if (detail) {
       const t = detail.trajectory;
@@ -464,9 +534,11 @@ async function showProgram(id) {
         fact("drafts shown", detail.draft_ids.length ? "" : "none"),
         ...detail.draft_ids.map((d) => el("a", { href: `#/program/${d}`, text: String(d) })));
       $("completion").textContent = t.completion;
+      await renderStory(id);
     } else {
       $("provenance").replaceChildren(fact("written by", p.origin === "seed" ? "the seed" : "a migration"));
       $("completion").textContent = "";
+      $("story").hidden = true;
     }
     showError("");
     renderLineage(await getJSON(`/api/programs/${id}/lineage`));
@@ -514,9 +586,12 @@ function renderLineage(l) {
 // Routing and polling
 
 function route() {
+  $("tree-page").hidden = true;
   const match = location.hash.match(/^#\/program\/(\d+)$/);
   if (match) {
     showProgram(Number(match[1]));
+  } else if (location.hash === "#/tree") {
+    showTree();
   } else {
     $("program-page").hidden = true;
     $("overview-page").hidden = false;
