@@ -244,7 +244,7 @@ def _layout(shown: np.ndarray, hang: np.ndarray, island: np.ndarray, ids: np.nda
 
 def _rule(limit: int) -> str:
     return (
-        f"drawn: the roots, the path to each objective's best program, the {TOP_PER_OBJECTIVE} "
+        f"the roots, the path to each objective's best program, the {TOP_PER_OBJECTIVE} "
         f"best of each objective with their ancestors, the {NEWEST} newest, and a fixed sample "
         f"of the rest up to {limit:,}; a dotted edge skips programs left out"
     )

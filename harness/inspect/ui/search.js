@@ -46,7 +46,7 @@ function treeControls() {
   select.replaceChildren(...choices.map(([value, text]) => el("option", { value, text })));
   select.value = tree.color;
   $("tree-limit").value = String(tree.limit);
-  const drawn = d.sampled ? `drawn ${fmt(d.shown)} of ${fmt(d.total)} programs. ${d.rule}.`
+  const drawn = d.sampled ? `Drawn: ${fmt(d.shown)} of ${fmt(d.total)} programs, ${d.rule}.`
     : `${fmt(d.total)} programs, all drawn.`;
   $("tree-summary").textContent = `${drawn} Draft edges: ${fmt(d.draft_edges.length)} drawn of the ` +
     `${fmt(d.drafts_total)} that drawn programs were shown.`;
