@@ -236,7 +236,8 @@ def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
     writer = Store.open(target)
     rng = random.Random(seed)
 
-    def grow_then_read() -> float:
+    def grow_then_get(path: str) -> float:
+        """100 new programs under random earlier ones, then one timed request for `path`."""
         for _ in range(100):
             writer.add_program(
                 1,
@@ -246,14 +247,13 @@ def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
                     {name: rng.random() for name in objectives},
                     {},
                 ),
-                Lineage(origin="llm", parent_id=1),
+                Lineage(origin="llm", parent_id=rng.randrange(1, overview["last_program_id"])),
             )
-        return timed(lambda: get("/api/overview"), 1)
+        return timed(lambda: get(path), 1)
 
     results["main page data, 100 programs new"] = statistics.median(
-        grow_then_read() for _ in range(max(3, repeats // 3))
+        grow_then_get("/api/overview") for _ in range(max(3, repeats // 3))
     )
-    writer.close()
     results["top table, mean score"] = timed(lambda: get("/api/top"), repeats)
     results[f"top table, by {objectives[0]}"] = timed(
         lambda: get(f"/api/top?objective={objectives[0]}"), repeats
@@ -281,24 +281,8 @@ def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
     )
     get("/api/tree")
     results["genealogy page"] = timed(lambda: get("/api/tree"), repeats)
-    writer = Store.open(target)
-
-    def grow_then_draw() -> float:
-        for _ in range(100):
-            writer.add_program(
-                1,
-                NewProgram(
-                    synthetic_program(rng, f"new{rng.random()}"),
-                    "ok",
-                    {name: rng.random() for name in objectives},
-                    {},
-                ),
-                Lineage(origin="llm", parent_id=rng.randrange(1, last), generation=1),
-            )
-        return timed(lambda: get("/api/tree"), 1)
-
     results["genealogy page, 100 programs new"] = statistics.median(
-        grow_then_draw() for _ in range(max(3, repeats // 3))
+        grow_then_get("/api/tree") for _ in range(max(3, repeats // 3))
     )
     writer.close()
     reader.close()

@@ -45,11 +45,16 @@ def _need_browser() -> None:
 
 @pytest.fixture
 def server(sqlite_database: str) -> Iterator[str]:
+    yield from serve_ui(sqlite_database)
+
+
+def serve_ui(database: str) -> Iterator[str]:
+    """`vpo ui` on `database` as a user starts it; its address until the test ends."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "ui", "--db", sqlite_database, "--port", str(port)],
+        [sys.executable, "-m", "harness.cli", "ui", "--db", database, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

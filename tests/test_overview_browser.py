@@ -6,16 +6,11 @@ explained in the problem's words. Screenshots go to artifacts/ (as test_dashboar
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import test_dashboard_browser as shared
-from conftest import free_port
 from test_plots import PROBLEM, equation_campaign
 
 from harness.inspect.dashboard import Dashboard
@@ -41,30 +36,7 @@ def _low() -> dict[str, float]:
 
 @pytest.fixture
 def server(campaign_db: str) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "ui", "--db", campaign_db, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                pytest.fail(f"vpo ui did not start: {process.stdout.read()}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    yield from shared.serve_ui(campaign_db)
 
 
 def test_overview_says_the_seed_the_versions_and_each_programs_expression(

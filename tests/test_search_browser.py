@@ -3,14 +3,20 @@ campaign: `vpo ui` started as a user starts it (the fixtures of test_dashboard_b
 
 from __future__ import annotations
 
+import test_dashboard_browser as shared
+
 from harness.records import NewProgram
 from harness.store import Store
-from tests.test_dashboard_browser import ARTIFACTS, _wait, browser, server  # noqa: F401
+
+# The fixtures and helpers of the dashboard's browser test: `vpo ui` on conftest's small
+# campaign, and the headless Chromium (skipped where it is not installed).
+browser, server = shared.browser, shared.server
+ARTIFACTS, _wait = shared.ARTIFACTS, shared._wait
 
 
 def test_genealogy_page_draws_every_program_and_leads_to_its_page(
-    server: str,  # noqa: F811
-    browser: object,  # noqa: F811
+    server: str,
+    browser: object,
 ) -> None:
     driver = browser
     driver.get(server + "#/tree")
@@ -64,8 +70,8 @@ def test_genealogy_page_draws_every_program_and_leads_to_its_page(
 
 
 def test_program_page_tells_what_the_model_was_shown_and_wrote(
-    server: str,  # noqa: F811
-    browser: object,  # noqa: F811
+    server: str,
+    browser: object,
     sqlite_database: str,
 ) -> None:
     driver = browser

@@ -48,5 +48,5 @@ __all__ = [
 ]
 
 
-class Store(Campaigns, Iterations, Claims, Training, Inspection, Genealogy, Measures, Aggregates):
+class Store(Campaigns, Iterations, Claims, Training, Genealogy, Inspection, Measures, Aggregates):
     """A solution database on SQLite or PostgreSQL; get one with `Store.open`."""

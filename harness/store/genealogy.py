@@ -17,13 +17,15 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from harness.store.opening import Database
+from harness.store.inspection import Inspection
 from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
 
 ORIGIN_CODES = {"seed": 0, "llm": 1, "migration": 2}
 
 
-class Genealogy(Database):
+class Genealogy(Inspection):
+    """Reads on top of `Inspection`'s (a story starts from a program's provenance)."""
+
     def family(self, campaign_id: int, after_id: int = 0) -> dict[str, np.ndarray]:
         """For the programs with id > after_id, in id order: `id`, `parent` (-1: none),
         `island`, `generation`, `origin` (ORIGIN_CODES), `valid` and `version` (the policy
@@ -66,21 +68,14 @@ class Genealogy(Database):
         messages, the policy version, the completion, its candidates with what became of each
         (with the program's status and scores where one was stored), and the group's other
         rollouts in brief. None for seeds and migrants (no rollout wrote them)."""
+        written_by = self.provenance(program_id)
+        if written_by is None:
+            return None
+        group_id, this = written_by["group_id"], written_by["trajectory"]["id"]
         with self._reading() as connection:
-            row = connection.execute(
-                select(
-                    TRAJECTORY.c.id,
-                    TRAJECTORY.c.group_id,
-                    TRAJECTORY.c.position,
-                    GROUP.c.prompt,
-                    GROUP.c.iteration,
-                )
-                .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
-                .join(PROGRAM, PROGRAM.c.trajectory_id == TRAJECTORY.c.id)
-                .where(PROGRAM.c.id == program_id)
-            ).one_or_none()
-            if row is None:
-                return None
+            prompt = connection.execute(
+                select(GROUP.c.prompt).where(GROUP.c.id == group_id)
+            ).scalar_one()
             rollouts = connection.execute(
                 select(
                     TRAJECTORY.c.id,
@@ -94,7 +89,7 @@ class Genealogy(Database):
                     POLICY.c.step,
                 )
                 .outerjoin(POLICY, POLICY.c.id == TRAJECTORY.c.policy_version_id)
-                .where(TRAJECTORY.c.group_id == row.group_id)
+                .where(TRAJECTORY.c.group_id == group_id)
                 .order_by(TRAJECTORY.c.position)
             ).all()
             written = {
@@ -105,13 +100,13 @@ class Genealogy(Database):
             }
             outcomes = _standing(connection, sorted(written))
         return {
-            "group_id": row.group_id,
-            "iteration": row.iteration,
-            "prompt": _messages(row.prompt),
+            "group_id": group_id,
+            "iteration": written_by["iteration"],
+            "prompt": _messages(prompt),
             "rollouts": [
                 {
                     "position": r.position,
-                    "this": r.id == row.id,
+                    "this": r.id == this,
                     "policy_version": r.step or 0,
                     "completion": r.completion,
                     "num_tokens": r.num_tokens,
