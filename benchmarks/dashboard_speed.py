@@ -212,7 +212,7 @@ def timed(function: Callable[[], Any], repeats: int) -> float:
 def measure(target: str, repeats: int, seed: int) -> dict[str, float]:
     from fastapi.testclient import TestClient
 
-    from harness.inspect.web import create_app
+    from harness.observation.web import create_app
     from harness.records import Lineage, NewProgram
     from harness.store import Store
 

@@ -110,7 +110,7 @@ STDERR_TAIL_LINES = 3
 STOP_GRACE_S = 10
 
 
-# The measures: pure functions on arrays (the hypervolume is harness.inspect.measures').
+# The measures: pure functions on arrays (the hypervolume is harness.observation.measures').
 
 
 def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:

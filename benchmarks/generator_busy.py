@@ -34,9 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reporting import publish  # noqa: E402
 
-from harness.campaign.loop import evolve, open_campaign, prepare  # noqa: E402
 from harness.config.settings import CampaignConfig  # noqa: E402
 from harness.evaluation.sandbox import Sandbox  # noqa: E402
+from harness.evolution.loop import evolve, open_campaign, prepare  # noqa: E402
 from harness.llm import make_generator  # noqa: E402
 from harness.store import Store  # noqa: E402
 from problems.registry import load as load_problem  # noqa: E402

@@ -3,7 +3,7 @@
     python benchmarks/harness_overhead.py [--sizes 1000 10000 100000] [--iterations 200]
         [--openevolve-python PATH | --no-openevolve]
 
-What one iteration of `harness.campaign.loop` costs the main process when generation and evaluation
+What one iteration of `harness.evolution.loop` costs the main process when generation and evaluation
 take no time, on a SQLite campaign of N synthetic circle-packing programs (1.5 KB median,
 0.8-2.1 KB of code, two objectives, 4 islands, ~10% not ok), stage by stage as `campaign.evolve`
 runs them:
@@ -319,15 +319,15 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     """Per-stage seconds of `iterations` iterations on a fresh campaign of n programs."""
     from sqlalchemy import event
 
-    from harness.campaign.iteration import BatchKeys, SampledIteration, classify_group
-    from harness.campaign.loop import store_iteration
-    from harness.campaign.novelty import Novelty
-    from harness.campaign.population import Population
-    from harness.campaign.prompts import build_prompt
-    from harness.campaign.run import CampaignRun, refresh_population
-    from harness.campaign.selection import SelectionConfig, migrants, select, should_migrate
     from harness.config.settings import build
     from harness.evaluation.calls import Limits
+    from harness.evolution.iteration import BatchKeys, SampledIteration, classify_group
+    from harness.evolution.loop import store_iteration
+    from harness.evolution.novelty import Novelty
+    from harness.evolution.population import Population
+    from harness.evolution.prompts import build_prompt
+    from harness.evolution.run import CampaignRun, refresh_population
+    from harness.evolution.selection import SelectionConfig, migrants, select, should_migrate
     from problems.circle_packing import make_problem
 
     problem = make_problem()

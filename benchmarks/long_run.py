@@ -60,8 +60,8 @@ def main() -> None:
     parser.add_argument("--warm-up", type=float, default=5.0, help="minutes")
     args = parser.parse_args()
 
-    from harness.campaign.loop import run_campaign
     from harness.config.settings import build
+    from harness.evolution.loop import run_campaign
     from harness.store import Store
     from problems.circle_packing import CirclePacking
     from trainer.models import save_tiny_llama

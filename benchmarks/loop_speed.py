@@ -25,7 +25,7 @@ settings):
    engine, last (its versions change the engine's weights).
 
 A campaign's speed is its tokens over the wall of its loop: the sum of the periods its `stages`
-events record (harness/inspect/time_split.py), from its first selection to its last step, so
+events record (harness/observation/time_split.py), from its first selection to its last step, so
 neither the sandbox's start nor the seed's evaluation counts; the split by stage comes from the
 same events. The engine's speed is the replayed tokens over the wall of the `generate` calls.
 
@@ -54,10 +54,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from reporting import publish  # noqa: E402
 
-from harness.campaign.loop import evolve, open_campaign, prepare, run_campaign  # noqa: E402
 from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig, build  # noqa: E402
 from harness.evaluation.sandbox import Sandbox  # noqa: E402
-from harness.inspect.time_split import EVENT, split  # noqa: E402
+from harness.evolution.loop import evolve, open_campaign, prepare, run_campaign  # noqa: E402
+from harness.observation.time_split import EVENT, split  # noqa: E402
 from harness.store import Store  # noqa: E402
 from problems.registry import load as load_problem  # noqa: E402
 

@@ -66,8 +66,8 @@ def sample_version(
 
 def score(texts: list[str], campaign: Any, seed_code: str) -> dict[str, Any]:
     """The pool's measures (see the module)."""
-    from harness.campaign.iteration import classify_group
     from harness.evaluation.evaluate import evaluate_many
+    from harness.evolution.iteration import classify_group
     from trainer.measures import best_at_k, pool_diversity
 
     problem, config = campaign.problem, campaign.config
@@ -147,12 +147,12 @@ def probe(
     db: str, versions: str, completions: int, seed: int, name: str | None = None
 ) -> tuple[Any, Any, list[tuple[int, dict[str, Any]]]]:
     """The campaign record, its config and, per version asked for, what it sampled."""
-    from harness.campaign.loop import prepare
-    from harness.campaign.prompts import build_prompt
-    from harness.campaign.publish import SavedVersion, step_name
-    from harness.campaign.training import base_generator
     from harness.config.settings import build
     from harness.evaluation.sandbox import Sandbox
+    from harness.evolution.loop import prepare
+    from harness.evolution.prompts import build_prompt
+    from harness.learning.publish import SavedVersion, step_name
+    from harness.learning.training import base_generator
     from harness.store import Store
     from problems.registry import load
     from trainer.policy import Policy

@@ -50,7 +50,7 @@ def measure(model: str, repeats: int) -> dict:
     """One model's medians, in this process."""
     import torch
 
-    from harness.campaign.publish import SavedVersion, merged_folder, remove_folder
+    from harness.learning.publish import SavedVersion, merged_folder, remove_folder
     from harness.llm.vllm_backend import VLLMGenerator
     from trainer.policy import Policy, PolicyConfig
 

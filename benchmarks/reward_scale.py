@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.reporting import publish  # noqa: E402
-from harness.campaign.rewards import references, to_group, wasted_slots  # noqa: E402
+from harness.learning.rewards import references, to_group, wasted_slots  # noqa: E402
 from harness.store import Store  # noqa: E402
 from trainer.advantages import set_scores  # noqa: E402
 

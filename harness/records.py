@@ -189,7 +189,7 @@ class CandidateRecord:
     `reason` says why. Unparsed candidates score zeros. `lazy`: a duplicate of the parent or of
     a program stored before this iteration (ThetaEvolve's lazy output, arXiv 2511.23473), not
     of another candidate of the same group; `near`: lazy because its text is a near-duplicate
-    (`harness.campaign.novelty`).
+    (`harness.evolution.novelty`).
     """
 
     index: int
@@ -251,7 +251,7 @@ class Summary:
 
 @dataclass(frozen=True)
 class IterationMeasures:
-    """What one iteration's candidates measure (harness/inspect/measures.py): the share of its
+    """What one iteration's candidates measure (harness/observation/measures.py): the share of its
     rollouts that parsed entirely and the pool diversity of its candidate slots. None where
     there is none: a skipped iteration has neither, fewer than two slots with a program have
     no diversity."""

@@ -287,9 +287,9 @@ def test_rw_grpo_is_grpo_on_one_random_weighting_per_group() -> None:
 def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_format_reward() -> None:
     """VPO's set reward takes the best candidate's score, so with partial credit a rollout of one
     good candidate earns what a rollout of m does; "whole" pays only rollouts whose m parsed."""
-    from harness.campaign.rewards import to_group
     from harness.config.errors import UserError
     from harness.config.settings import build
+    from harness.learning.rewards import to_group
     from harness.records import TrainingGroup, TrainingRollout
     from trainer.advantages import compute_advantages
     from trainer.train import TrainConfig
@@ -318,9 +318,9 @@ def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_form
 def test_a_completion_near_the_token_limit_loses_its_scores() -> None:
     """A soft overlong punishment: without it a set reward that favours longer expressions grows
     the answers into the limit; with it the longest whole rollout is no longer the best."""
-    from harness.campaign.rewards import overlong_penalty, to_group
     from harness.config.errors import UserError
     from harness.config.settings import build
+    from harness.learning.rewards import overlong_penalty, to_group
     from harness.records import TrainingGroup, TrainingRollout
     from trainer.advantages import compute_advantages
     from trainer.train import TrainConfig

@@ -15,8 +15,8 @@ from conftest import Replay
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from harness.campaign.loop import run_campaign
 from harness.config.settings import build
+from harness.evolution.loop import run_campaign
 from harness.store import Store
 from harness.store.models import Program, Trajectory
 from problems.registry import load as load_problem

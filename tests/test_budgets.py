@@ -10,12 +10,12 @@ import pytest
 from chat_server import chat_server
 from test_campaign import fast_settings
 
-from harness.campaign.budgets import stored_spend
-from harness.campaign.loop import run_campaign
 from harness.cli import main
 from harness.config.errors import UserError
 from harness.config.settings import build
-from harness.inspect import status
+from harness.evolution.budgets import stored_spend
+from harness.evolution.loop import run_campaign
+from harness.observation import status
 from harness.store import Store
 from problems.circle_packing import CirclePacking
 

@@ -9,13 +9,13 @@ from conftest import campaign_invariants
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from harness.campaign.iteration import SampledIteration
-from harness.campaign.loop import evaluate_and_store, prepare, run_campaign
-from harness.campaign.selection import Selection
 from harness.config.settings import build
 from harness.evaluation.sandbox import Sandbox
-from harness.inspect.views import summary_json
+from harness.evolution.iteration import SampledIteration
+from harness.evolution.loop import evaluate_and_store, prepare, run_campaign
+from harness.evolution.selection import Selection
 from harness.llm import Completion
+from harness.observation.views import summary_json
 from harness.store import Store
 from harness.store.models import GroupDraft, RolloutGroup, Trajectory
 from problems.api import Infeasible, Objective, Problem
@@ -128,7 +128,7 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
     """ThetaEvolve's lazy outputs: a candidate that repeats its parent (or a stored program)
     scores zero as a reward by default, so copying is not the safe answer; its stored
     evaluation is untouched, and `duplicate_reward = "keep"` gives it the parent's scores."""
-    from harness.campaign.rewards import to_group
+    from harness.learning.rewards import to_group
     from trainer.advantages import compute_advantages
     from trainer.train import TrainConfig
 
@@ -391,7 +391,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     generator samples from the new version (it holds the very weights the trainer stepped)."""
     import torch
 
-    from harness.campaign.training import start_trainer, trainer_generator
+    from harness.learning.training import start_trainer, trainer_generator
     from harness.llm.transformers_backend import TransformersGenerator
     from trainer.models import load_model
 

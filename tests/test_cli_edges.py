@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli import main
 from harness.cli.parser import build_parser
-from harness.inspect import exports, views
+from harness.observation import exports, views
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 

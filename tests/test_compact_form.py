@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign.iteration import classify_group
 from harness.config.errors import UserError
 from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate
 from harness.evaluation.sandbox import Sandbox
+from harness.evolution.iteration import classify_group
 from harness.records import code_hash
 from problems.circle_packing import CirclePacking
 from problems.equation_discovery import SPECS, EquationDiscovery
@@ -119,11 +119,11 @@ def test_a_group_of_expressions_becomes_programs_or_reasons() -> None:
 def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     """Through the campaign's own path: stored programs are whole, the next prompt shows the
     parent and a draft as expressions, and it is much shorter than the whole-program one."""
-    from harness.campaign.iteration import SampledIteration
-    from harness.campaign.loop import evaluate_and_store, prepare
-    from harness.campaign.prompts import build_prompt
-    from harness.campaign.selection import Selection
     from harness.config.settings import build
+    from harness.evolution.iteration import SampledIteration
+    from harness.evolution.loop import evaluate_and_store, prepare
+    from harness.evolution.prompts import build_prompt
+    from harness.evolution.selection import Selection
     from harness.llm import Completion
     from harness.store import Store
 
@@ -154,8 +154,8 @@ def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
 
 
 def test_a_problem_without_a_compact_form_is_a_one_line_error() -> None:
-    from harness.campaign.loop import compact_form
     from harness.config.settings import build
+    from harness.evolution.loop import compact_form
 
     problem = CirclePacking()
     config = build({"problem": problem.name, "form": "compact"})

@@ -19,10 +19,10 @@ from conftest import campaign_invariants, check_invariants
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from harness.campaign.loop import run_campaign
-from harness.campaign.training import base_generator
 from harness.config.errors import UserError
 from harness.config.settings import build
+from harness.evolution.loop import run_campaign
+from harness.learning.training import base_generator
 from harness.llm import Completion, Message, Sampling, Weights, make_generator
 from harness.store import Store
 from harness.store.models import RolloutGroup

@@ -16,9 +16,9 @@ from conftest import free_port, read_only_folder, start_vpo
 from fastapi.testclient import TestClient
 from sqlalchemy import insert
 
-from harness.inspect import status
-from harness.inspect.dashboard import Dashboard
-from harness.inspect.web import create_app, is_loopback, request_host
+from harness.observation import status
+from harness.observation.dashboard import Dashboard
+from harness.observation.web import create_app, is_loopback, request_host
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 from harness.store.models import Program, RolloutGroup, Score, Trajectory

@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from harness.cli import main
-from harness.inspect.views import bestk
+from harness.observation.views import bestk
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord
 from harness.store import Store
 from harness.store.models import SCHEMA_VERSION, Base, RolloutGroup, Score, Trajectory, utc_now

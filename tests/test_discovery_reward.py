@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.rewards import references, to_group, wasted_slots
+from harness.learning.rewards import references, to_group, wasted_slots
 from harness.records import TrainingGroup, TrainingRollout
 from harness.store import Store
 from trainer.advantages import (
@@ -285,7 +285,7 @@ def test_the_first_step_waits_for_the_warm_up_samples_then_takes_them_all(databa
     """The small campaign holds two waiting groups of 2 and 1 rollouts. With warmup_samples 4
     no step may start; with 3 the first step takes both groups; without a warm-up it takes the
     oldest `every`; once a version is recorded the warm-up is over."""
-    from harness.campaign.training import CampaignTrainer, _waiting_groups
+    from harness.learning.training import CampaignTrainer, _waiting_groups
 
     store = Store.open(database)
     campaign = store.get_campaign("c")

@@ -4,6 +4,7 @@ in a subprocess, so the test does not depend on how the CLI's modules are laid o
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -133,3 +134,54 @@ def test_licence_matches_the_package() -> None:
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
     declared = declared["text"] if isinstance(declared, dict) else declared
     assert declared == "Apache-2.0", f"pyproject.toml declares {declared!r}, LICENSE is Apache-2.0"
+
+
+LAYOUT = ROOT / "docs" / "layout.md"
+SECTION = re.compile(r"^`(harness/(?:[a-z_]+/)?)`\s*$")
+ENTRY = re.compile(r"^- `(\w+/?)`", re.M)
+
+
+def layout_sections() -> dict[str, str]:
+    """docs/layout.md's sections on harness/, by folder: `harness/` and `harness/<room>/`."""
+    parts = re.split(r"^## ", LAYOUT.read_text(), flags=re.M)[1:]
+    sections = {}
+    for part in parts:
+        heading, _, body = part.partition("\n")
+        if match := SECTION.match(heading):
+            sections[match.group(1)] = body
+    return sections
+
+
+def folder_entries(folder: Path) -> set[str]:
+    """What a harness folder holds: its modules, and its sub-folders as `name/`; for harness/
+    itself, the modules beside the rooms."""
+    modules = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    if folder.name == "harness":
+        return modules
+    folders = {f"{p.name}/" for p in folder.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    return modules | folders
+
+
+def test_layout_has_a_section_per_room() -> None:
+    rooms = {f"harness/{p.parent.name}/" for p in (ROOT / "harness").glob("*/__init__.py")}
+    assert set(layout_sections()) == rooms | {"harness/"}
+
+
+@pytest.mark.parametrize("section", sorted(layout_sections()))
+def test_layout_names_every_module_and_only_those(section: str) -> None:
+    named = ENTRY.findall(layout_sections()[section])
+    assert len(named) == len(set(named)), f"docs/layout.md names one twice in {section}"
+    there = folder_entries(ROOT / section)
+    assert set(named) == there, (
+        f"docs/layout.md, {section}: missing {sorted(there - set(named))}, "
+        f"not there {sorted(set(named) - there)}"
+    )
+
+
+@pytest.mark.parametrize("section", sorted(set(layout_sections()) - {"harness/"}))
+def test_layout_repeats_each_rooms_map(section: str) -> None:
+    """The room's `May import:` line, word for word as its `__init__` has it."""
+    init = (ROOT / section / "__init__.py").read_text()
+    doc = ast.get_docstring(ast.parse(init)) or ""
+    line = next(line.strip() for line in doc.splitlines() if line.startswith("May import:"))
+    assert f"\n{line}\n" in layout_sections()[section], f"docs/layout.md, {section}: {line}"

@@ -564,11 +564,11 @@ def test_each_problem_declares_its_data_private() -> None:
 def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
     """Completions as data through the campaign's own path: parsed, evaluated, stored with
     the NMSE as raw value, and the next prompt states the task and shows the scores."""
-    from harness.campaign.iteration import SampledIteration
-    from harness.campaign.loop import evaluate_and_store, prepare
-    from harness.campaign.prompts import build_prompt
-    from harness.campaign.selection import Selection
     from harness.config.settings import build
+    from harness.evolution.iteration import SampledIteration
+    from harness.evolution.loop import evaluate_and_store, prepare
+    from harness.evolution.prompts import build_prompt
+    from harness.evolution.selection import Selection
     from harness.llm import Completion
     from harness.store import Store
 

@@ -16,12 +16,12 @@ from conftest import Replay
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.iteration import BatchKeys, classify_group
-from harness.campaign.loop import run_campaign
-from harness.campaign.novelty import Novelty
 from harness.config.settings import build
 from harness.evaluation.evaluate import evaluate_many
 from harness.evaluation.sandbox import Sandbox
+from harness.evolution.iteration import BatchKeys, classify_group
+from harness.evolution.loop import run_campaign
+from harness.evolution.novelty import Novelty
 from harness.store import Store
 from problems.equation_discovery import EquationDiscovery, grammar
 from problems.equation_discovery.family import family_key

@@ -7,8 +7,8 @@ import random
 
 from fastapi.testclient import TestClient
 
-from harness.inspect.genealogy import NEWEST, TOP_PER_OBJECTIVE, FamilyTree
-from harness.inspect.web import create_app
+from harness.observation.genealogy import NEWEST, TOP_PER_OBJECTIVE, FamilyTree
+from harness.observation.web import create_app
 from harness.records import Lineage, NewProgram
 from harness.store import Store
 

@@ -8,15 +8,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.iteration import (
+from harness.evolution.iteration import (
     BatchKeys,
     Candidate,
     ParsedGroup,
     classify_group,
     rollout_records,
 )
-from harness.campaign.novelty import Novelty
-from harness.campaign.parsing import format_full, parse_completion
+from harness.evolution.novelty import Novelty
+from harness.evolution.parsing import format_full, parse_completion
 from harness.llm import Completion
 from harness.records import code_hash, entry_key
 from problems.api import Evaluation

@@ -1,9 +1,11 @@
-"""The layers DESIGN.md draws, read from the import graph: the trainer and the problems know
-nothing of the harness, the pure parts of the loop (selection and its population, prompts,
-parsing, an iteration's classification, the measures of candidates) reach neither the database
-nor the sandbox, and the views do not depend on the loop. Imports inside functions count too,
-and so do imports of imports: a layer that reaches the store through a helper module reaches
-the store."""
+"""The rooms of harness/, read from the import graph. Each room's `__init__` says what it owns
+and, on one line `May import: ...`, which other rooms it may import: that line is the map, and
+this file checks the code against it (and docs/layout.md against the code: tests/test_docs.py).
+Beside the map: the trainer and the problems know nothing of the harness, the pure parts of the
+loop (selection and its population, prompts, parsing, an iteration's classification, the
+measures of candidates) reach neither the database nor the sandbox, and the views do not depend
+on the loop. Imports inside functions count too, and so do imports of imports: a layer that
+reaches the store through a helper module reaches the store."""
 
 from __future__ import annotations
 
@@ -118,37 +120,98 @@ def _path_to(start: str, target_prefix: str) -> list[str]:
 RULES = [
     ("trainer", "harness"),
     ("problems", "harness"),
-    ("harness.campaign.selection", "harness.store"),
-    ("harness.campaign.population", "harness.store"),
-    ("harness.campaign.prompts", "harness.store"),
-    ("harness.campaign.parsing", "harness.store"),
-    ("harness.campaign.iteration", "harness.store"),
-    ("harness.inspect.measures", "harness.store"),
-    ("harness.campaign.selection", "harness.evaluation.sandbox"),
-    ("harness.campaign.population", "harness.evaluation.sandbox"),
-    ("harness.campaign.prompts", "harness.evaluation.sandbox"),
-    ("harness.campaign.parsing", "harness.evaluation.sandbox"),
-    ("harness.campaign.iteration", "harness.evaluation.sandbox"),
-    ("harness.inspect.measures", "harness.evaluation.sandbox"),
-    ("harness.inspect.views", "harness.campaign.loop"),
+    ("harness.evolution.selection", "harness.store"),
+    ("harness.evolution.population", "harness.store"),
+    ("harness.evolution.prompts", "harness.store"),
+    ("harness.evolution.parsing", "harness.store"),
+    ("harness.evolution.iteration", "harness.store"),
+    ("harness.observation.measures", "harness.store"),
+    ("harness.evolution.selection", "harness.evaluation.sandbox"),
+    ("harness.evolution.population", "harness.evaluation.sandbox"),
+    ("harness.evolution.prompts", "harness.evaluation.sandbox"),
+    ("harness.evolution.parsing", "harness.evaluation.sandbox"),
+    ("harness.evolution.iteration", "harness.evaluation.sandbox"),
+    ("harness.observation.measures", "harness.evaluation.sandbox"),
+    ("harness.observation.views", "harness.evolution.loop"),
 ]
-# The rooms of harness/ (its __init__ draws them): each reaches only the rooms below it.
-ROOMS = ("cli", "campaign", "inspect", "evaluation", "llm", "store", "config")
-BELOW = {
-    "cli": {"campaign", "inspect", "evaluation", "llm", "store", "config"},
-    "campaign": {"inspect", "evaluation", "llm", "store", "config"},
-    "inspect": {"store", "config"},
-    "evaluation": {"config"},
-    "llm": {"config"},
-    "store": {"config"},
-    "config": set(),
-}
-RULES += [
-    (f"harness.{room}", f"harness.{other}")
-    for room in ROOMS
-    for other in ROOMS
-    if other != room and other not in BELOW[room]
-]
+# Beside the rooms, the shared bottom every room may import: the frozen records they pass, and
+# the named kill points of the fault tests. They import no room.
+SHARED = ("harness.records", "harness.faults")
+MAY_IMPORT = "May import:"
+
+
+def rooms() -> tuple[str, ...]:
+    """The packages directly under harness/."""
+    return tuple(sorted(p.parent.name for p in (ROOT / "harness").glob("*/__init__.py")))
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "harness" and parts[1] in rooms() else None
+
+
+def may_import(room: str) -> frozenset[str]:
+    """The rooms `room` may import, as its `__init__` docstring says on its `May import:` line
+    (`nothing` for none)."""
+    path = ROOT / "harness" / room / "__init__.py"
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    lines = [line.strip() for line in doc.splitlines() if line.strip().startswith(MAY_IMPORT)]
+    assert len(lines) == 1, f"{path}: its docstring needs one line `{MAY_IMPORT} room, room`"
+    names = lines[0].removeprefix(MAY_IMPORT).strip().rstrip(".")
+    allowed = frozenset() if names == "nothing" else frozenset(n.strip() for n in names.split(","))
+    unknown = allowed - set(rooms())
+    assert not unknown, f"{path}: {MAY_IMPORT} names {sorted(unknown)}, not rooms of harness/"
+    return allowed
+
+
+def imported_rooms(room: str) -> dict[str, list[str]]:
+    """The other rooms `room`'s modules import directly, each with the imports that do it."""
+    found: dict[str, list[str]] = {}
+    for module in _sources():
+        if room_of(module) != room:
+            continue
+        for name in sorted(direct_imports(module)):
+            other = room_of(name)
+            if other and other != room:
+                found.setdefault(other, []).append(f"{module} -> {name}")
+    return found
+
+
+@pytest.mark.parametrize("room", rooms())
+def test_room_imports_only_its_map(room: str) -> None:
+    outside = {
+        other: chains
+        for other, chains in imported_rooms(room).items()
+        if other not in may_import(room)
+    }
+    assert not outside, f"harness.{room} imports outside its `{MAY_IMPORT}` line: {outside}"
+
+
+@pytest.mark.parametrize("room", rooms())
+def test_room_map_names_only_what_it_imports(room: str) -> None:
+    """The map says what is, not what might be: a room it names and never imports goes."""
+    unused = may_import(room) - set(imported_rooms(room))
+    assert not unused, f"harness.{room} says it may import {sorted(unused)} and does not"
+
+
+def test_the_map_runs_one_way() -> None:
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    graph.add_nodes_from(rooms())
+    graph.add_edges_from((room, other) for room in rooms() for other in may_import(room))
+    assert nx.is_directed_acyclic_graph(graph), f"room cycles: {list(nx.simple_cycles(graph))}"
+
+
+def test_the_shared_bottom_imports_no_room() -> None:
+    for module in SHARED:
+        assert not {room_of(name) for name in reachable(module)} - {None}, module
+
+
+def test_harness_init_names_every_room() -> None:
+    doc = ast.get_docstring(ast.parse((ROOT / "harness" / "__init__.py").read_text())) or ""
+    named = {line.split()[0] for line in doc.splitlines() if line.startswith("    ")}
+    assert set(rooms()) <= named, f"harness/__init__.py does not name {set(rooms()) - named}"
 
 
 @pytest.mark.parametrize("layer,forbidden", RULES, ids=[f"{a}-x->{b}" for a, b in RULES])
@@ -161,11 +224,10 @@ def test_layer_does_not_reach(layer: str, forbidden: str) -> None:
 
 
 def test_every_harness_module_lives_in_a_room() -> None:
-    """Beside the rooms only the shared bottom: the records every room passes and the named
-    kill points of the fault tests."""
+    """Beside the rooms only the shared bottom."""
     loose = {name for name in _sources() if name.count(".") == 1 and name.startswith("harness.")}
-    assert loose - {f"harness.{room}" for room in ROOMS} == {"harness.records", "harness.faults"}
-    for room in ROOMS:
+    assert loose - {f"harness.{room}" for room in rooms()} == set(SHARED)
+    for room in rooms():
         assert (ROOT / "harness" / room / "__init__.py").read_text().startswith('"""'), room
 
 
@@ -183,6 +245,6 @@ def test_no_import_cycle_anywhere() -> None:
 
 def test_the_graph_reader_sees_imports() -> None:
     """The reader must see a real edge, or every rule above would pass vacuously."""
-    assert "harness.store" in reachable("harness.campaign.loop")
+    assert "harness.store" in reachable("harness.evolution.loop")
     assert "trainer.loss" in reachable("trainer.train")
     assert "problems.api" in reachable("problems.circle_packing")

@@ -428,7 +428,7 @@ def test_vllm_samples_from_a_published_policy_version(vllm_engine: Any, tmp_path
     reload it into the running engine; the samples change, and come back with the old weights."""
     import torch
 
-    from harness.campaign.publish import publish
+    from harness.learning.publish import publish
     from trainer.policy import Policy, PolicyConfig
 
     before = vllm_engine.generate(PROMPTS[:1], 2, SHORT)
@@ -452,7 +452,7 @@ def test_a_version_from_memory_samples_as_its_merged_folder_does(
     base model's."""
     import torch
 
-    from harness.campaign.publish import SavedVersion
+    from harness.learning.publish import SavedVersion
     from trainer.policy import Policy, PolicyConfig
 
     torch.manual_seed(0)
@@ -588,7 +588,7 @@ def test_a_lora_version_is_loaded_into_the_server_and_sampled_by_name(
     tokenizer: Any,
     tmp_path: Path,
 ) -> None:
-    from harness.campaign.publish import serve_adapter
+    from harness.learning.publish import serve_adapter
 
     folders = [lora_policy.save(tmp_path / f"step-{k:06d}", optimizer=False) for k in (1, 2, 3)]
     endpoint = {"base_url": vllm_server.base_url, "api_key_env": vllm_server.key_env}
@@ -753,7 +753,7 @@ def test_openai_endpoint_error_mid_run_is_a_generation_error(scripted_server: st
 def test_a_server_that_cannot_take_adapters_is_refused_before_training(
     scripted_server: str,
 ) -> None:
-    from harness.campaign.publish import check_trainable_endpoint
+    from harness.learning.publish import check_trainable_endpoint
 
     generator = make_generator("openai", "m", base_url=scripted_server, api_key_env="")
     try:

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from chat_server import chat_server
 
-from harness.campaign.iteration import BatchKeys, classify_group
-from harness.campaign.loop import run_campaign
-from harness.campaign.novelty import Novelty
-from harness.campaign.progress import Progress
 from harness.config.errors import UserError
 from harness.config.settings import build
+from harness.evolution.iteration import BatchKeys, classify_group
+from harness.evolution.loop import run_campaign
+from harness.evolution.novelty import Novelty
+from harness.observation.progress import Progress
 from harness.records import code_hash, tree_key
 from harness.store import Store
 from problems.circle_packing import CirclePacking

@@ -13,7 +13,7 @@ import pytest
 import test_dashboard_browser as shared
 from test_plots import PROBLEM, equation_campaign
 
-from harness.inspect.dashboard import Dashboard
+from harness.observation.dashboard import Dashboard
 from harness.records import NewProgram
 from harness.store import Store
 

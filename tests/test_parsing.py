@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.parsing import (
+from harness.evolution.parsing import (
     MAX_COMPLETION_CHARS,
     Edit,
     EditError,

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.inspect import exports
-from harness.inspect.gists import ProblemFacts, gist, version_starts
+from harness.observation import exports
+from harness.observation.gists import ProblemFacts, gist, version_starts
 from harness.records import CandidateRecord, NewGroup, NewProgram, PolicyRecord, RolloutRecord
 from harness.store import Store
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.campaign.parsing import parse_completion
-from harness.campaign.prompts import SYSTEM, PromptBudget, PromptTooLong, build_prompt
+from harness.evolution.parsing import parse_completion
+from harness.evolution.prompts import SYSTEM, PromptBudget, PromptTooLong, build_prompt
 from harness.records import ProgramRecord, code_hash
 from problems.circle_packing import CirclePacking
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from harness.campaign.population import Population
-from harness.campaign.selection import (
+from harness.evolution.population import Population
+from harness.evolution.selection import (
     SelectionConfig,
     island_for,
     migrants,

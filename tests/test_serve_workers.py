@@ -42,7 +42,7 @@ def client(served: Served) -> Iterator[OpenAIGenerator]:
 
 
 def served_versions(client: OpenAIGenerator, campaign: str) -> set[str]:
-    from harness.campaign.publish import served_versions as versions
+    from harness.learning.publish import served_versions as versions
 
     return set(versions(client, campaign))
 

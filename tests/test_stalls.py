@@ -26,11 +26,11 @@ from conftest import require_vllm
 from sqlalchemy import select as query
 from sqlalchemy.orm import Session
 
-from harness.campaign.generation import loop_settings
-from harness.campaign.loop import run_campaign
 from harness.cli import main
 from harness.config.errors import UserError
 from harness.config.settings import IN_PROCESS_CALL_TIMEOUT, SERVER_CALL_TIMEOUT, build
+from harness.evolution.generation import loop_settings
+from harness.evolution.loop import run_campaign
 from harness.llm import GenerationError, Sampling, make_generator
 from harness.llm.base import check_request
 from harness.llm.openai_backend import OpenAIGenerator

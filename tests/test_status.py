@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from sqlalchemy import update
 
 from harness.cli import main
-from harness.inspect import status
+from harness.observation import status
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store import Store
 from harness.store.models import Campaign, Event, PolicyVersion, RolloutGroup

@@ -22,13 +22,13 @@ import torch
 from sqlalchemy import create_engine, inspect, select, text
 from sqlalchemy.orm import Session
 
-from harness.campaign.loop import run_campaign
-from harness.campaign.progress import Progress
-from harness.campaign.prompts import build_prompt
 from harness.config import settings as config_module
 from harness.config.errors import SchemaError
 from harness.config.settings import build
-from harness.inspect import status
+from harness.evolution.loop import run_campaign
+from harness.evolution.prompts import build_prompt
+from harness.observation import status
+from harness.observation.progress import Progress
 from harness.records import Lineage, NewProgram
 from harness.store import Store, migrations
 from harness.store.models import RolloutGroup
@@ -67,7 +67,7 @@ class Said(logging.Handler):
 @pytest.fixture
 def warnings() -> Iterator[list[str]]:
     said = Said()
-    logger = logging.getLogger("harness.campaign.loop")
+    logger = logging.getLogger("harness.evolution.loop")
     logger.addHandler(said)
     try:
         yield said.lines

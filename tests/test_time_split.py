@@ -1,5 +1,6 @@
 """Where a campaign's time goes: each batch's stages recorded as it is stored, added up by
-`vpo status` and the progress line (harness/campaign/ledger.py, harness/inspect/time_split.py)."""
+`vpo status` and the progress line (harness/observation/ledger.py,
+harness/observation/time_split.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from conftest import Replay
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.campaign.ledger import Ledger, LoopClock, batch_payload
-from harness.campaign.loop import run_campaign
 from harness.cli import main
 from harness.config.settings import build
 from harness.evaluation.sandbox import Sandbox
-from harness.inspect.time_split import BESIDE_STAGES, EVENT, LOOP_STAGES, split
+from harness.evolution.loop import run_campaign
+from harness.observation.ledger import Ledger, LoopClock, batch_payload
+from harness.observation.time_split import BESIDE_STAGES, EVENT, LOOP_STAGES, split
 from harness.store import Store
 from problems.equation_discovery import EquationDiscovery
 

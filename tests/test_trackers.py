@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from test_campaign import fast_settings
 
-from harness.campaign.loop import run_campaign
 from harness.config.errors import UserError
 from harness.config.files import load_toml
 from harness.config.settings import build
+from harness.evolution.loop import run_campaign
 from harness.store import Store
 from problems.circle_packing import CirclePacking
 
@@ -223,7 +223,7 @@ def test_vpo_train_follow_reports_its_steps_to_the_campaigns_run(
 ) -> None:
     """A follower trains beside workers, which report to no tracker: the follower reports the
     iterations they stored and its own steps to the campaign's tracker run."""
-    from harness.campaign.offline import follow
+    from harness.learning.offline import follow
 
     monkeypatch.chdir(tmp_path)
     store = Store.open(tmp_path / "run.db")
@@ -252,7 +252,7 @@ def test_every_engine_reports_under_one_default_folder_one_per_database(
 ) -> None:
     """`./trackers/NAME-RUN` for SQLite and PostgreSQL alike; two databases that each hold a
     campaign of the same name write to two folders, and `tracker_dir` moves them all."""
-    from harness.campaign.trackers import tracker_folder
+    from harness.learning.trackers import tracker_folder
 
     monkeypatch.chdir(tmp_path)
     folders = []

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from harness.campaign import publish as publishing
-from harness.campaign.loop import run_campaign
-from harness.campaign.offline import follow
-from harness.campaign.publish import merged_folder, prune_versions, publish, step_name
 from harness.cli.render import size, status_rows
 from harness.config.errors import UserError
 from harness.config.files import load_toml
 from harness.config.settings import KEEP_VERSIONS, CampaignConfig, build
-from harness.inspect import status
+from harness.evolution.loop import run_campaign
+from harness.learning import publish as publishing
+from harness.learning.offline import follow
+from harness.learning.publish import merged_folder, prune_versions, publish, step_name
+from harness.observation import status
 from harness.store import Store
 from problems.api import Infeasible, Objective, Problem
 

@@ -156,7 +156,7 @@ def test_a_training_step_reloaded_into_the_engine_changes_its_outputs(
     """What `vpo run --backend vllm --train-every K` does: a real optimiser step in this process
     beside the engine, the policy saved and reloaded in place; back to the old weights, the old
     outputs return."""
-    from harness.campaign.publish import publish
+    from harness.learning.publish import publish
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import Group, Rollout, train_step
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from conftest import require_vllm
 
-from harness.campaign.training import base_generator
 from harness.config.settings import build
+from harness.learning.training import base_generator
 from harness.llm import Sampling
 
 PROMPT = [{"role": "user", "content": "Write a function that adds two numbers, please."}]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.campaign.warmup import WarmupSettings, _first_prompt, warm_up, well_formed
 from harness.config.settings import build
+from harness.evolution.warmup import WarmupSettings, _first_prompt, warm_up, well_formed
 from harness.llm.base import Completion, chat_prompt_ids
 from problems.circle_packing import CirclePacking
 from trainer.imitation import imitation_step

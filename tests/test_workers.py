@@ -151,8 +151,8 @@ class _Racing(Store):
 def test_a_worker_whose_version_was_pruned_while_it_loaded_takes_the_newer_one(
     tiny_model: str, tmp_path: Path
 ) -> None:
-    from harness.campaign.worker import _newest
     from harness.config.settings import CampaignConfig
+    from harness.evolution.worker import _newest
 
     config = CampaignConfig(model=tiny_model, backend="transformers")
     with _Racing.open(f"sqlite:///{tmp_path / 'w.db'}") as store:
@@ -171,9 +171,9 @@ def test_a_worker_whose_version_was_pruned_while_it_loaded_takes_the_newer_one(
 def test_a_worker_whose_newest_version_is_missing_stops_with_one_line(
     tiny_model: str, tmp_path: Path
 ) -> None:
-    from harness.campaign.worker import _newest
     from harness.config.errors import UserError
     from harness.config.settings import CampaignConfig
+    from harness.evolution.worker import _newest
 
     config = CampaignConfig(model=tiny_model, backend="transformers")
     with Store.open(f"sqlite:///{tmp_path / 'w.db'}") as store:

@@ -103,7 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_one(args: argparse.Namespace) -> int:
-    from harness.campaign.loop import run_campaign
+    from harness.evolution.loop import run_campaign
 
     if args.problem:  # before any database is opened or created
         program_problem(args.problem)
@@ -122,7 +122,7 @@ def _run_one(args: argparse.Namespace) -> int:
         render.print_versions(versions, objectives)
         logs.say(f"sampled by trained weights: {render.trained_share(versions)}")
     if config.price_prompt is not None or config.price_completion is not None:
-        from harness.campaign.budgets import stored_spend
+        from harness.evolution.budgets import stored_spend
 
         logs.say(stored_spend(store, campaign_id).line(config))
     logs.say(f"database: {store.where}")
@@ -143,7 +143,7 @@ def next_steps(db: str) -> str:
 def cmd_worker(args: argparse.Namespace) -> int:
     import socket
 
-    from harness.campaign.worker import run_worker
+    from harness.evolution.worker import run_worker
 
     single_process("worker")
     if args.db is None:

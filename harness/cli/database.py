@@ -125,7 +125,7 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from harness.inspect import status
+    from harness.observation import status
     from harness.store import Store
 
     with Store.open(args.db, read_only=True) as store:  # a view: works on a read-only mount
@@ -140,7 +140,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from harness.inspect.web import serve
+    from harness.observation.web import serve
     from harness.store import Store
 
     store = Store.open(args.db, read_only=True)
@@ -160,7 +160,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _db_view(store: Any, args: argparse.Namespace) -> int:
-    from harness.inspect import exports, views
+    from harness.observation import exports, views
 
     campaign = find_campaign(store, args.name, required=True)
     command = args.db_command

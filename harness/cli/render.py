@@ -212,7 +212,8 @@ def print_summary(title: str, report: dict[str, Any]) -> None:
 
 
 def print_status(title: str, report: dict[str, Any]) -> None:
-    """`vpo status`: the counts, then how it is going (harness/inspect/status.py), then the best."""
+    """`vpo status`: the counts, then how it is going (harness/observation/status.py), then the
+    best."""
 
     console().print(summary_table(title, report, status_rows(report)))
     if report["steps"]:

@@ -301,7 +301,7 @@ def _given(**values: Any) -> dict[str, Any]:
 
 
 def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Path) -> int:
-    from harness.campaign.offline import train_offline
+    from harness.learning.offline import train_offline
 
     stored = build(campaign.config, where="the campaign's settings")
     # An offline pass trains a model of its own: the campaign's rollouts were sampled by other
@@ -353,7 +353,7 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
 
 
 def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
-    from harness.campaign.offline import follow
+    from harness.learning.offline import follow
 
     overrides: dict[str, Any] = {
         "train_every": args.train_every,
@@ -398,7 +398,7 @@ def _joined(args: argparse.Namespace) -> Any:
 
 
 def _train_answers(args: argparse.Namespace, out: Path) -> int:
-    from harness.campaign.answers import train_answers
+    from harness.learning.answers import train_answers
     from problems.api import AnswerProblem
     from problems.registry import load as load_problem
 

@@ -1,5 +1,5 @@
 """`vpo warmup`: teach a model the answer format from its own well-formed answers
-(harness/campaign/warmup.py), and say how the parse rate moved."""
+(harness/evolution/warmup.py), and say how the parse rate moved."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harness.campaign.warmup import (
+from harness.cli.flags import positive_float, positive_int
+from harness.config.errors import UserError
+from harness.evolution.warmup import (
     WARMUP_FULL_LEARNING_RATE,
     WARMUP_LORA_LEARNING_RATE,
     WarmupSettings,
 )
-from harness.cli.flags import positive_float, positive_int
-from harness.config.errors import UserError
 
 DEFAULTS = WarmupSettings()
 
@@ -66,10 +66,10 @@ def add_commands(commands: Any) -> None:
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:
-    from harness.campaign.warmup import warm_up
     from harness.cli.programs import program_problem
     from harness.config.files import load_toml
     from harness.config.settings import build
+    from harness.evolution.warmup import warm_up
 
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -9,5 +9,6 @@
     logs       the run's log file and one-line messages
     errors     UserError, CampaignFailed: what a user is told in one line
 
-Imports nothing else from the harness.
+Imports nothing else from the harness but its records.
+May import: nothing
 """

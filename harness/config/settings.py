@@ -31,7 +31,7 @@ from harness.config.values import (
     toml_value,
 )
 
-# "auto": vllm where it is installed, else transformers (harness.campaign.training.resolve_backend).
+# "auto": vllm where it is installed, else transformers (harness.learning.training.resolve_backend).
 BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
@@ -40,13 +40,13 @@ ADVANTAGES = ("vpo", "entropic", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxr
 SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
 DUPLICATE_REWARDS = ("zero", "keep")
 FORMAT_REWARDS = ("partial", "whole")
-# What a group's set score is measured against (harness/campaign/rewards.py `references`).
+# What a group's set score is measured against (harness/learning/rewards.py `references`).
 REFERENCES = ("none", "parent", "island", "campaign")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 SWITCHES = ("auto", "on", "off")
 # Policy versions kept on disk: the newest (a resume needs its optimiser state), a worker's or
-# server's previous one, and one to spare (harness/campaign/publish.py, docs/training.md).
+# server's previous one, and one to spare (harness/learning/publish.py, docs/training.md).
 KEEP_VERSIONS = 3
 # Programs shown beside the parent, at most: small models have small contexts.
 MAX_DRAFTS = 4
@@ -63,7 +63,7 @@ GPU_VLLM_CONCURRENCY = 32
 # of that: benchmarks/results/concurrency.md): there the limit is only a backstop.
 SERVER_CALL_TIMEOUT = 600
 IN_PROCESS_CALL_TIMEOUT = 3600
-# Experiment trackers a campaign can report to (harness.campaign.trackers); "none": nowhere.
+# Experiment trackers a campaign can report to (harness.learning.trackers); "none": nowhere.
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
 # The groups of flags in `vpo run --help`.
 SETTINGS = "settings (override the config file and the stored campaign)"
@@ -153,7 +153,7 @@ class CampaignConfig:
     migration_interval: int = setting(20, "iterations between migrations ({default})")
     drafts: int = setting(3, f"drafts beside the parent ({{default}}; at most {MAX_DRAFTS})")
     # A candidate whose text (comments and layout dropped) is this similar to one of its
-    # island's newest programs is not evaluated (harness.campaign.novelty); 1: off.
+    # island's newest programs is not evaluated (harness.evolution.novelty); 1: off.
     near_duplicate: float = setting(
         1.0, "text similarity from 0 to 1 that makes a near-duplicate ({default}: off)"
     )

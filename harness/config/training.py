@@ -50,7 +50,7 @@ class TrainSettings:
     # absolute scores: a stored family earns its score again each time it is rewritten),
     # "parent" (the gain over the parent's vector under each weighting), "island" or
     # "campaign" (the R2 gain over the front its island or the campaign held before the
-    # group). harness/campaign/rewards.py.
+    # group). harness/learning/rewards.py.
     reward_reference: str = "none"
     # Each rollout loses this times the share of its m candidate slots that brought nothing
     # (missing, unparsed, lazy, failed, or a repeat within the rollout); 0: off.
@@ -75,7 +75,7 @@ class TrainSettings:
 LORA_LEARNING_RATE = 1e-5
 # Prompts hold the parent and drafts: room for them beside a campaign's completions in the
 # training length, which is max_tokens + this; a campaign that trains builds no longer prompt
-# (harness/campaign/generation.py `prompt_budget`), so its steps take every rollout whole.
+# (harness/evolution/generation.py `prompt_budget`), so its steps take every rollout whole.
 PROMPT_ROOM_TOKENS = 8192
 
 
@@ -105,7 +105,7 @@ ANSWER_TRAINING = TrainSettings(micro_batch=2)
 
 @dataclass(frozen=True)
 class AnswerSettings:
-    """`vpo train --problem`: RL on an answer problem (harness/campaign/answers.py)."""
+    """`vpo train --problem`: RL on an answer problem (harness/learning/answers.py)."""
 
     out: Path
     training: TrainSettings = ANSWER_TRAINING  # its temperature is also the sampling one

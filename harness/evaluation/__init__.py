@@ -9,5 +9,6 @@
     results       decoding what a child returned
     evaluate      a problem's calls run in the sandbox and scored by trusted code
 
-May import config, records and problems/; never the store, the loop or a generator.
+Beside records and problems/, never the store, the loop or a generator.
+May import: config
 """

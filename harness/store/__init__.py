@@ -20,6 +20,9 @@ One module per concern, each a part of `Store`:
     measures     each iteration's parse rate and pool diversity; a campaign's candidate slots
     aggregates   the incremental queries behind the views and the dashboard
     tables       what they share: the tables, the checks before a write, records from rows
+    migrations/  the schema's versions (Alembic)
+
+May import: config
 """
 
 from __future__ import annotations

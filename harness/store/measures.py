@@ -1,7 +1,7 @@
 """What each iteration's candidates measure, written with the iteration and read back as a
 series, and every candidate slot of a campaign as one array for best@k and pass@k.
 
-The definitions: harness.inspect.measures; here are the rows they read. A group recorded before
+The definitions: harness.observation.measures; here are the rows they read. A group recorded before
 `rollout_group` had the columns (or read from such a database opened read-only, which lacks
 them) has no stored values: reading computes them from its rollouts the same way, without
 writing them.

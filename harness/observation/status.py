@@ -18,7 +18,7 @@ stored config); nothing is kept in a second place:
     running     = the campaign's status is "running" and it wrote something in the last
                   max(`ACTIVE_S`, 3 x pace) seconds (a killed run keeps status "running")
     time_split  = where the last `TIME_WINDOW` batches spent their time, by stage, and the cores
-                  each kept busy (harness/inspect/time_split.py); no batches before a campaign
+                  each kept busy (harness/observation/time_split.py); no batches before a campaign
                   recorded them
     skipped_steps = training steps that changed no weight and made no version (their events)
     versions    = per policy version (0: the starting weights), what it sampled: groups,
@@ -43,7 +43,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from harness.inspect import time_split, views
+from harness.observation import time_split, views
 from harness.records import CampaignRecord, EventRecord, PolicyRecord
 from harness.store import Store
 from harness.store.models import utc_now
@@ -54,7 +54,7 @@ PACE_WINDOW = 50
 TIME_WINDOW = 20
 # A campaign that wrote nothing for longer than this (or 3 iterations at its pace) is not running.
 ACTIVE_S = 300.0
-# A policy version's folder, as harness/campaign/publish.py names it (not imported: inspecting a
+# A policy version's folder, as harness/learning/publish.py names it (not imported: inspecting a
 # database stays below the campaign's code).
 _VERSION = re.compile(r"step-\d+")
 

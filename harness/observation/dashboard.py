@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import Any
 
 from harness.config.errors import UserError
-from harness.inspect import status, views
-from harness.inspect.gists import gist, problem_facts
+from harness.observation import status, views
+from harness.observation.gists import gist, problem_facts
 from harness.records import CampaignRecord, IterationMeasures
 from harness.store import REJECTIONS, Store
 

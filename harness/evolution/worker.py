@@ -11,19 +11,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.campaign.generation import FailureStreak, LoopSettings, loop_settings, sample_batch
-from harness.campaign.iteration import SampledIteration
-from harness.campaign.ledger import Ledger, batch_payload
-from harness.campaign.loop import evaluate_and_store, prepare
-from harness.campaign.progress import Progress
-from harness.campaign.publish import SavedVersion
-from harness.campaign.run import CampaignRun
-from harness.campaign.training import base_generator, resolve_backend
 from harness.config.errors import UserError
 from harness.config.settings import CampaignConfig
 from harness.evaluation.sandbox import Sandbox
-from harness.inspect.time_split import EVENT
+from harness.evolution.generation import FailureStreak, LoopSettings, loop_settings, sample_batch
+from harness.evolution.iteration import SampledIteration
+from harness.evolution.loop import evaluate_and_store, prepare
+from harness.evolution.run import CampaignRun
+from harness.learning.publish import SavedVersion
+from harness.learning.training import base_generator, resolve_backend
 from harness.llm import Generator, make_generator
+from harness.observation.ledger import Ledger, batch_payload
+from harness.observation.progress import Progress
+from harness.observation.time_split import EVENT
 from harness.records import PolicyRecord
 from harness.store import Store
 from problems.api import Problem

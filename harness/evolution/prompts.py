@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.campaign.parsing import Edit, fence_for, format_edits, format_full
+from harness.evolution.parsing import Edit, fence_for, format_edits, format_full
 from harness.records import ProgramRecord
 from problems.api import Compact, Problem, record_note
 

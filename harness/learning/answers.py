@@ -117,8 +117,8 @@ def train_answers(
 ) -> dict[str, Any]:
     """Train `settings.training.model` with RL on `problem`; write the model and a report to
     `out`."""
-    from harness.campaign.offline import settings_json
-    from harness.campaign.training import load_policy
+    from harness.learning.offline import settings_json
+    from harness.learning.training import load_policy
     from harness.llm.transformers_backend import TransformersGenerator
 
     training = replace(settings.training, sequence_tokens=settings.max_tokens + PROMPT_TOKENS)
@@ -174,7 +174,7 @@ def _rl_step(
 ) -> tuple[Any, dict[str, Any]]:
     """The next step: G completions of each picked training instance, scored, then one
     policy step on those groups; its metrics, and them with what the sampling yielded."""
-    from harness.campaign.training import seeded_step
+    from harness.learning.training import seeded_step
     from trainer.train import Group, Rollout
 
     started = time.perf_counter()

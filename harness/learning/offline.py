@@ -10,18 +10,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.campaign.rewards import references, to_group
-from harness.campaign.trackers import open_reporter
-from harness.campaign.training import (
+from harness.config.errors import UserError
+from harness.config.settings import build
+from harness.config.training import FOLLOW_EVERY, OfflineSettings
+from harness.learning.rewards import references, to_group
+from harness.learning.trackers import open_reporter
+from harness.learning.training import (
     load_policy,
     seeded_step,
     start_trainer,
     train_next_version,
     untrained_note,
 )
-from harness.config.errors import UserError
-from harness.config.settings import build
-from harness.config.training import FOLLOW_EVERY, OfflineSettings
 from harness.records import CampaignRecord
 
 if TYPE_CHECKING:

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.campaign.iteration import expanded
-from harness.campaign.loop import compact_form
-from harness.campaign.parsing import parse_completion
 from harness.config.errors import UserError
 from harness.config.settings import CampaignConfig
+from harness.evolution.iteration import expanded
+from harness.evolution.loop import compact_form
+from harness.evolution.parsing import parse_completion
 from harness.llm.base import Completion, Sampling
 from problems.api import Problem
 
@@ -84,7 +84,7 @@ def warm_up(
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Sample, keep the well-formed, fine-tune on them, write the model to `out`, measure."""
-    from harness.campaign.training import base_generator
+    from harness.learning.training import base_generator
 
     prompt, parent_code = _first_prompt(config, problem)
     sampling = Sampling(config.temperature, config.top_p, config.max_tokens, seed=config.seed)
@@ -132,9 +132,9 @@ def warm_up(
 def _first_prompt(config: CampaignConfig, problem: Problem) -> tuple[list[dict[str, str]], str]:
     """A campaign's first prompt: the seed, evaluated in the sandbox, no drafts (built in a
     scratch database by the campaign's own code)."""
-    from harness.campaign.loop import prepare
-    from harness.campaign.prompts import build_prompt
     from harness.evaluation.sandbox import Sandbox
+    from harness.evolution.loop import prepare
+    from harness.evolution.prompts import build_prompt
     from harness.store import Store
 
     with tempfile.TemporaryDirectory(prefix="vpo-warmup-") as scratch:

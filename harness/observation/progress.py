@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from harness.inspect.time_split import Split
+from harness.observation.time_split import Split
 
 
 @dataclass
@@ -17,12 +17,12 @@ class Progress:
     iterations: int = 0
     evaluations: int = 0
     tokens: int = 0
-    skipped: int = 0  # iterations that produced nothing (see harness.campaign.generation)
+    skipped: int = 0  # iterations that produced nothing (see harness.evolution.generation)
     rollouts: int = 0
     parsed: int = 0  # rollouts whose m candidates all parsed
     trained: int = 0  # rollouts sampled by weights a step changed
     duplicates: int = 0  # candidates not evaluated: repeats of a program or candidate
-    near: int = 0  # of them, near-duplicates by their text (harness.campaign.novelty)
+    near: int = 0  # of them, near-duplicates by their text (harness.evolution.novelty)
     generate_seconds: float = 0.0
     best: dict[str, float] = field(default_factory=dict)
     train: str | None = None  # the last training step that made a policy version, as a line

@@ -8,9 +8,9 @@ from importlib import resources
 from typing import Any
 
 from harness.config.errors import UserError
-from harness.inspect import views
-from harness.inspect.dashboard import CampaignView, Dashboard
-from harness.inspect.genealogy import DEFAULT_LIMIT, MAX_LIMIT, Trees
+from harness.observation import views
+from harness.observation.dashboard import CampaignView, Dashboard
+from harness.observation.genealogy import DEFAULT_LIMIT, MAX_LIMIT, Trees
 from harness.store import Store
 from harness.store.models import MAX_ID
 
@@ -103,7 +103,7 @@ def _guard(app: Any, local_only: bool) -> None:
 def _page_routes(app: Any) -> None:
     from fastapi.responses import Response
 
-    static = resources.files("harness.inspect") / "ui"
+    static = resources.files("harness.observation") / "ui"
 
     def _file(name: str, media: str) -> Response:
         return Response((static / name).read_bytes(), media_type=media)

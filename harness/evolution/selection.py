@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.campaign.population import Population
 from harness.config.settings import MAX_DRAFTS
+from harness.evolution.population import Population
 from trainer.measures import pareto_front
 
 # A program beats another under w only by more than this: float noise in `scores @ w` must not

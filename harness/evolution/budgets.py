@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.campaign.iteration import SampledIteration
     from harness.config.settings import CampaignConfig
+    from harness.evolution.iteration import SampledIteration
     from harness.store import Store
 
 

@@ -1,6 +1,6 @@
 """The stopwatch of a campaign's batches: each stage's wall and CPU seconds, recorded once a batch
 is stored as a `stages` event (what it holds, and how `vpo status` adds them up:
-harness/inspect/time_split.py).
+harness/observation/time_split.py).
 
     clock = LoopClock()                     # the loop's thread
     with clock.stage("generating"):
@@ -99,7 +99,7 @@ def batch_payload(
     loop: dict[str, list[float]],
     beside: dict[str, list[float]],
 ) -> dict[str, Any]:
-    """A batch's `stages` event (harness/inspect/time_split.py)."""
+    """A batch's `stages` event (harness/observation/time_split.py)."""
     return {
         "iterations": list(iterations),
         "tokens": tokens,

@@ -6,19 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.campaign.novelty import Novelty
-from harness.campaign.population import Population
-from harness.campaign.progress import Progress
 from harness.config.settings import CampaignConfig
 from harness.evaluation.calls import Limits
 from harness.evaluation.sandbox import Sandbox
+from harness.evolution.novelty import Novelty
+from harness.evolution.population import Population
+from harness.observation.progress import Progress
 from harness.store import Store
 from problems.api import Compact, Problem
 
 if TYPE_CHECKING:
-    from harness.campaign.budgets import Spend
-    from harness.campaign.trackers import Reporter
-    from harness.campaign.training import CampaignTrainer
+    from harness.evolution.budgets import Spend
+    from harness.learning.trackers import Reporter
+    from harness.learning.training import CampaignTrainer
 
 
 @dataclass

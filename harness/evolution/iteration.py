@@ -20,9 +20,9 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from harness.campaign.novelty import Novelty
-from harness.campaign.parsing import ParsedCandidate, parse_completion
-from harness.campaign.selection import Selection
+from harness.evolution.novelty import Novelty
+from harness.evolution.parsing import ParsedCandidate, parse_completion
+from harness.evolution.selection import Selection
 from harness.llm.base import Completion, Message
 from harness.records import (
     CandidateRecord,
@@ -55,7 +55,7 @@ class SampledIteration:
     migrations: Sequence[tuple[int, int]]  # (program id, destination island)
     policy_version_id: int | None = None  # the policy that sampled the completions
     skipped: str | None = None
-    population: Mapping[str, Any] | None = None  # see harness.campaign.generation.snapshot
+    population: Mapping[str, Any] | None = None  # see harness.evolution.generation.snapshot
 
     @property
     def prompt_token_ids(self) -> tuple[int, ...] | None:
@@ -135,7 +135,7 @@ def classify_group(
     unparsed with its reason. With `family` (`Problem.family`), a candidate of the parent's
     family is a lazy duplicate of the parent.
 
-    With `memory` (what the campaign stored, `harness.campaign.novelty`), a candidate with a
+    With `memory` (what the campaign stored, `harness.evolution.novelty`), a candidate with a
     stored syntax tree or family, or near-duplicate text of a recent program of `island`, is
     a lazy duplicate of that program, never evaluated; one that repeats the tree or family of
     a candidate before it in the batch (`batch`, which this fills) is a duplicate of that one."""

@@ -22,11 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.campaign.iteration import SampledIteration
-from harness.campaign.ledger import Ledger, timed
-from harness.campaign.prompts import PromptBudget, PromptTooLong, build_prompt
-from harness.campaign.run import refresh_population
-from harness.campaign.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.config.errors import CampaignFailed, UserError
 from harness.config.settings import (
     DEFAULT_CONCURRENCY,
@@ -34,12 +29,17 @@ from harness.config.settings import (
     IN_PROCESS_CALL_TIMEOUT,
     SERVER_CALL_TIMEOUT,
 )
+from harness.evolution.iteration import SampledIteration
+from harness.evolution.prompts import PromptBudget, PromptTooLong, build_prompt
+from harness.evolution.run import refresh_population
+from harness.evolution.selection import Selection, SelectionConfig, migrants, select, should_migrate
 from harness.llm import Completion, GenerationError, Generator, Message, Sampling
 from harness.llm.base import storable
+from harness.observation.ledger import Ledger, timed
 
 if TYPE_CHECKING:
-    from harness.campaign.run import CampaignRun
     from harness.config.settings import CampaignConfig
+    from harness.evolution.run import CampaignRun
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from harness.config.errors import UserError
-from harness.inspect.views import measure_series, program_row
+from harness.observation.views import measure_series, program_row
 from harness.records import IterationMeasures, PolicyRecord
 from harness.store import Store
 from problems.api import record_note
@@ -121,7 +121,7 @@ def plot_figures(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.inspect.gists import problem_facts, version_starts
+    from harness.observation.gists import problem_facts, version_starts
 
     objectives = store.objectives(campaign_id)
     if pair is not None and (len(pair) != 2 or any(p not in objectives for p in pair)):

@@ -1,7 +1,7 @@
 """Where a campaign's time goes: the seconds of each stage of its batches, and the cores each kept
 busy.
 
-A campaign records one `stages` event per batch (harness/campaign/ledger.py writes it):
+A campaign records one `stages` event per batch (harness/observation/ledger.py writes it):
 
     {"iterations": [12, 13], "tokens": 1630, "wall": 41.2,
      "loop":   {"selecting": [0.2, 0.2], "generating": [30.1, 58.9], "waiting": [0.0, 0.0],

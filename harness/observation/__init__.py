@@ -1,12 +1,15 @@
-"""Read-only faces of a database:
+"""Observation: read-only faces of a database, and what a run shows while it runs.
 
     views       what `vpo db` prints (programs, lineage, best@k, measures)
     exports     what `vpo db export` and `vpo db plot` write
     status      `vpo status`: one campaign's state at a glance
+    time_split  the stages of a campaign's batches, added up; ledger: the stopwatch that times them
+    progress    a run's progress line
     measures    parse rate, hypervolume, rolling means (diversity and best@k: trainer.measures)
     dashboard   what the dashboard shows, kept fresh incrementally per campaign
+    genealogy   the campaign as a tree, for the genealogy page; gists: a program's facts in short
     web         its FastAPI app (`vpo ui`), the loopback guard; ui/: the page itself
 
-May import store, config, records and trainer.measures; never the loop, the sandbox or a
-generator.
+Never the loop, the sandbox or a generator; beside the rooms, records and trainer.measures.
+May import: store, config
 """

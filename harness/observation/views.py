@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from harness.config.errors import UserError
-from harness.inspect import measures
+from harness.observation import measures
 from harness.records import IterationMeasures, ProgramRecord
 from harness.store import Store
 from problems.api import record_note
@@ -80,7 +80,7 @@ def measure_series(
 def bestk(store: Store, campaign_id: int, k: int = measures.MAX_K) -> dict[str, Any]:
     """best@k per objective and for the mean of the vector, and pass@k, for k = 1..`k` (at
     most the number of slots), over every candidate slot of every rollout of the campaign;
-    an unparsed slot is a zero vector and never passes (see `harness.inspect.measures`)."""
+    an unparsed slot is a zero vector and never passes (see `harness.observation.measures`)."""
     if k < 1:
         raise UserError(f"--k must be at least 1, not {k}")
     objectives = store.objectives(campaign_id)

@@ -3,7 +3,7 @@
 One iteration picks a parent (and drafts) on one island, builds one prompt, samples G rollouts
 of `candidates` candidates each, classifies them (`iteration`), evaluates the new ones
 in the sandbox and stores the group, its rollouts and programs in one transaction. Iterations
-run `concurrency` at a time (`harness.campaign.generation`: one batched generate call in process,
+run `concurrency` at a time (`harness.evolution.generation`: one batched generate call in process,
 concurrent requests to a server), and a batch generates while the one before it is evaluated
 and stored by a background thread, so the generator is not idle while candidates run.
 
@@ -21,9 +21,14 @@ from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from harness.campaign.budgets import Spend, counts_spend, stored_spend
-from harness.campaign.generation import FailureStreak, describe, loop_settings, sample_batch
-from harness.campaign.iteration import (
+from harness.config.errors import IterationRecorded, UserError
+from harness.config.settings import CampaignConfig
+from harness.evaluation.calls import Limits
+from harness.evaluation.evaluate import evaluate, evaluate_many
+from harness.evaluation.sandbox import Sandbox
+from harness.evolution.budgets import Spend, counts_spend, stored_spend
+from harness.evolution.generation import FailureStreak, describe, loop_settings, sample_batch
+from harness.evolution.iteration import (
     BatchKeys,
     ParsedGroup,
     SampledIteration,
@@ -31,13 +36,11 @@ from harness.campaign.iteration import (
     new_program,
     rollout_records,
 )
-from harness.campaign.ledger import Ledger, LoopClock, batch_payload, timed
-from harness.campaign.novelty import Novelty
-from harness.campaign.population import Population
-from harness.campaign.progress import Progress
-from harness.campaign.run import CampaignRun, refresh_population
-from harness.campaign.trackers import check_installed, open_reporter
-from harness.campaign.training import (
+from harness.evolution.novelty import Novelty
+from harness.evolution.population import Population
+from harness.evolution.run import CampaignRun, refresh_population
+from harness.learning.trackers import check_installed, open_reporter
+from harness.learning.training import (
     base_generator,
     check_backend,
     start_trainer,
@@ -45,13 +48,10 @@ from harness.campaign.training import (
     trainer_generator,
     untrained_note,
 )
-from harness.config.errors import IterationRecorded, UserError
-from harness.config.settings import CampaignConfig
-from harness.evaluation.calls import Limits
-from harness.evaluation.evaluate import evaluate, evaluate_many
-from harness.evaluation.sandbox import Sandbox
-from harness.inspect.time_split import EVENT
 from harness.llm import Generator
+from harness.observation.ledger import Ledger, LoopClock, batch_payload, timed
+from harness.observation.progress import Progress
+from harness.observation.time_split import EVENT
 from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.store import Store
 from problems.api import Compact, Evaluation, Problem
@@ -257,7 +257,7 @@ def evolve(
     # Tokens generated so far, the batches of this run counted as they are sampled.
     spent = campaign.store.summary(campaign.campaign_id).tokens if config.token_budget else 0
     stopped: str | None = None
-    # Where each batch's time goes (harness/inspect/time_split.py): the loop's stages on this
+    # Where each batch's time goes (harness/observation/time_split.py): the loop's stages on this
     # thread, the evaluation thread's beside them, one `stages` event per batch.
     clock = LoopClock()
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:

@@ -13,7 +13,7 @@ Inside a campaign, one step on the oldest unused groups after every K new ones:
 
 Beside workers, `follow` does the same as groups come in (`vpo train --follow`); offline,
 `train_offline` learns from every group of a campaign (`vpo train --db`); on an answer
-problem, harness/campaign/answers.py samples its own groups (`vpo train --problem`).
+problem, harness/learning/answers.py samples its own groups (`vpo train --problem`).
 
 A step reads the groups from the database (token ids and every candidate's score vector),
 trains, saves the policy version (weights or adapter, optimiser state, step counter) in
@@ -22,7 +22,7 @@ transaction, and finally publishes the weights to the generator (`publish`). A k
 before that transaction leaves the groups unused and the version unrecorded: the resumed run
 loads the last recorded version and trains the same step again, so each group trains once and
 the versions stay contiguous. Then the versions older than the newest `keep_versions` that no
-worker or server may still read are removed (harness/campaign/publish.py `prune_versions`).
+worker or server may still read are removed (harness/learning/publish.py `prune_versions`).
 
 A step that changed no weight (its gradient norm was not finite, or no completion token was
 left within the training length) saves and publishes nothing: its groups are marked with the
@@ -42,18 +42,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness import faults
-from harness.campaign.ledger import Ledger, timed
-from harness.campaign.publish import (
+from harness.config.errors import UserError
+from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig
+from harness.config.training import TrainSettings
+from harness.learning.publish import (
     check_trainable_endpoint,
     prune_versions,
     publish,
     safe_name,
     step_name,
 )
-from harness.campaign.rewards import references, to_group
-from harness.config.errors import UserError
-from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig
-from harness.config.training import TrainSettings
+from harness.learning.rewards import references, to_group
+from harness.observation.ledger import Ledger, timed
 
 if TYPE_CHECKING:
     from harness.llm import Generator

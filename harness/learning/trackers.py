@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from harness.campaign.publish import safe_name
 from harness.config.errors import UserError
 from harness.config.settings import CampaignConfig
+from harness.learning.publish import safe_name
 from trainer.measures import front_points, hypervolume
 
 if TYPE_CHECKING:
-    from harness.campaign.progress import Progress
+    from harness.observation.progress import Progress
     from harness.store import Store
     from trainer.train import StepMetrics
 
