@@ -140,6 +140,7 @@ SHARED = ("harness.records", "harness.faults")
 MAY_IMPORT = "May import:"
 
 
+@cache
 def rooms() -> tuple[str, ...]:
     """The packages directly under harness/."""
     return tuple(sorted(p.parent.name for p in (ROOT / "harness").glob("*/__init__.py")))
@@ -150,6 +151,7 @@ def room_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[0] == "harness" and parts[1] in rooms() else None
 
 
+@cache
 def may_import(room: str) -> frozenset[str]:
     """The rooms `room` may import, as its `__init__` docstring says on its `May import:` line
     (`nothing` for none)."""

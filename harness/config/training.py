@@ -91,7 +91,7 @@ FOLLOW_EVERY = 4
 
 @dataclass(frozen=True)
 class OfflineSettings:
-    """`vpo train --db`: fine-tune on every group a campaign recorded (campaign.training)."""
+    """`vpo train --db`: fine-tune on every group a campaign recorded (learning.offline)."""
 
     out: Path
     training: TrainSettings = TrainSettings()
