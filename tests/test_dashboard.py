@@ -463,3 +463,43 @@ def test_ui_command_errors_are_one_line(sqlite_database: str, tmp_path) -> None:
         busy = ui("--db", sqlite_database, "--port", str(port))
     assert busy.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in busy.stderr
     assert len(busy.stderr.strip().splitlines()) == 1
+
+
+def test_versions_read_in_steps_equal_a_fresh_read(database: str) -> None:
+    """The per-version table adds each new group's rows to those it kept (a 100k campaign is
+    not read again at every poll) and ends where a fresh read of the same database does."""
+    from harness.records import CandidateRecord, NewGroup, RolloutRecord
+
+    rng = random.Random(3)
+    with Store.open(database) as store:
+        view = Dashboard(store).view(None)
+        assert [row["step"] for row in view.overview()["versions"]] == [0]
+        for step in (1, 2):
+            version = store.record_train_step(
+                1, step=step, path=f"s{step}", metrics={"step": step, "trained": 2},
+                group_ids=[step],
+            )  # fmt: skip
+            for _ in range(2):
+                iteration = store.iterations_done(1)
+                a, b = rng.random(), rng.random()
+                program = NewProgram(
+                    f"def f():\n    return {iteration}\n", "ok", {"a": a, "b": b}, {}
+                )
+                rollout = RolloutRecord(
+                    "t", [1], [-0.1], "stop", "ok", None, [CandidateRecord(1, "new", program)]
+                )
+                store.record_iteration(
+                    1,
+                    NewGroup(
+                        iteration=iteration, island=0, parent_id=1, draft_ids=(),
+                        prompt=[{"role": "user", "content": "p"}], prompt_token_ids=[1],
+                        rollouts=[rollout], policy_version_id=version,
+                    ),
+                )  # fmt: skip
+                stepwise = view.overview()["versions"]
+        fresh = Dashboard(store).view(None).overview()["versions"]
+    assert stepwise == fresh
+    assert [row["step"] for row in fresh] == [0, 1, 2]
+    assert [row["groups"] for row in fresh] == [2, 2, 2] and all(
+        row["changed"] for row in fresh[1:]
+    )

@@ -25,6 +25,7 @@ from harness.observation import status, views
 from harness.observation.gists import gist, problem_facts
 from harness.records import CampaignRecord, IterationMeasures
 from harness.store import REJECTIONS, Store
+from harness.store.measures import VersionRow
 
 # Points the scatter cloud and the progress curve keep; they thin themselves past twice this.
 CLOUD_POINTS = 2000
@@ -75,6 +76,10 @@ class CampaignView:
         # again only when a group or a program was stored since.
         self.versions: list[dict[str, Any]] = []
         self.versions_at: tuple[int, int, int] | None = None
+        # The rows those come from, by step, over the groups up to `version_group`
+        # (`version_groups` of them).
+        self.version_rows: dict[int, VersionRow] = {}
+        self.version_group = self.version_groups = 0
         # Policy step -> the first iteration it sampled, and the highest group id read for it.
         self.first_sampled: dict[int, int] = {}
         self.last_sampled = 0
@@ -234,13 +239,29 @@ class CampaignView:
             }
 
     def _versions(self, steps: int) -> list[dict[str, Any]]:
-        """Per policy version, what it sampled (`Store.version_measures`), read again only
-        once a group, a program or a version was stored since the last read."""
+        """Per policy version, what it sampled (`Store.version_measures`): the groups read
+        since the last call added to the rows kept (a group's programs are stored with it and
+        never change), all read again when a group committed below those read (concurrent
+        workers on PostgreSQL)."""
+        store, cid = self._store, self.campaign.id
         at = (len(self.groups), self.last_id, steps)
-        if at != self.versions_at:
-            rows = self._store.version_measures(self.campaign.id, self.objectives)
-            self.versions = [row.as_json() for row in rows]
-            self.versions_at = at
+        if at == self.versions_at:
+            return self.versions
+        if self.version_group and store.group_count(cid, self.version_group) != self.version_groups:
+            self.version_rows, self.version_group, self.version_groups = {}, 0, 0
+        upto = max(self.last_group, self.version_group)
+        for row in store.version_measures(cid, self.objectives, self.version_group, upto):
+            if row.step in self.version_rows:
+                self.version_rows[row.step].add(row)
+            else:
+                self.version_rows[row.step] = row
+            self.version_groups += row.groups
+        self.version_group = upto
+        first = store.first_trained_step(cid)
+        for row in self.version_rows.values():
+            row.changed = first is not None and row.step >= first
+        self.versions = [self.version_rows[step].as_json() for step in sorted(self.version_rows)]
+        self.versions_at = at
         return self.versions
 
     def top(

@@ -65,43 +65,57 @@ class Measures(Database):
             )
         return records
 
-    def version_measures(self, campaign_id: int, objectives: Sequence[str]) -> list[VersionRow]:
+    def version_measures(
+        self,
+        campaign_id: int,
+        objectives: Sequence[str],
+        after_group: int = 0,
+        upto_group: int | None = None,
+    ) -> list[VersionRow]:
         """What each policy version sampled, oldest first (step 0: the weights the campaign
         started from): its groups and rollouts, the mean parse rate and pool diversity of its
         groups, the best score per objective among the programs its candidates wrote, and
         whether its weights differ from the starting ones (`changed`: from the first step that
-        trained some rollout on)."""
-        measures = {m.group_id: m for m in self.iteration_measures(campaign_id)}
+        trained some rollout on). Of the groups with after_group < id <= upto_group only, so a
+        reader can add new groups' rows to what it read before (`VersionRow.add`)."""
+        span = [GROUP.c.campaign_id == campaign_id, GROUP.c.id > after_group]
+        if upto_group is not None:
+            span.append(GROUP.c.id <= upto_group)
+        measures = {
+            m.group_id: m
+            for m in self.iteration_measures(campaign_id, after_group)
+            if upto_group is None or m.group_id <= upto_group
+        }
         with self._reading() as connection:
-            policies = connection.execute(
-                select(POLICY.c.id, POLICY.c.step, POLICY.c.metrics).where(
-                    POLICY.c.campaign_id == campaign_id
-                )
-            ).all()
-            steps = {policy.id: policy.step for policy in policies}
-            first = min((p.step for p in policies if moved_weights(p.metrics)), default=None)
+            steps, first = _steps(connection, campaign_id)
             version_of = {
                 group_id: steps.get(version_id, 0)
                 for group_id, version_id in connection.execute(
-                    select(GROUP.c.id, GROUP.c.policy_version_id).where(
-                        GROUP.c.campaign_id == campaign_id
-                    )
+                    select(GROUP.c.id, GROUP.c.policy_version_id).where(*span)
                 )
             }
             rollouts: dict[int, list[Sequence[int | None]]] = {}
             for group_id, candidates in connection.execute(
                 select(TRAJECTORY.c.group_id, TRAJECTORY.c.candidates)
                 .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
-                .where(GROUP.c.campaign_id == campaign_id)
+                .where(*span)
             ):
                 rollouts.setdefault(group_id, []).append(_slot_programs(candidates))
+            # Only the programs these slots name (a repeat names an older program).
+            wanted = sorted(
+                {pid for slots in rollouts.values() for s in slots for pid in s if pid is not None}
+            )
             scores: dict[int, dict[str, float]] = {}
-            for program_id, objective, value in connection.execute(
-                select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value)
-                .join(PROGRAM, PROGRAM.c.id == SCORE.c.program_id)
-                .where(PROGRAM.c.campaign_id == campaign_id, PROGRAM.c.status == "ok")
-            ):
-                scores.setdefault(program_id, {})[objective] = value
+            for start in range(0, len(wanted), ID_BATCH):
+                for program_id, objective, value in connection.execute(
+                    select(SCORE.c.program_id, SCORE.c.objective, SCORE.c.value)
+                    .join(PROGRAM, PROGRAM.c.id == SCORE.c.program_id)
+                    .where(
+                        SCORE.c.program_id.in_(wanted[start : start + ID_BATCH]),
+                        PROGRAM.c.status == "ok",
+                    )
+                ):
+                    scores.setdefault(program_id, {})[objective] = value
         rows: dict[int, VersionRow] = {}
         for group_id, step in sorted(version_of.items()):
             row = rows.setdefault(step, VersionRow(step, first is not None and step >= first))
@@ -119,6 +133,11 @@ class Measures(Database):
                         if value is not None and value > row.best.get(objective, -np.inf):
                             row.best[objective] = value
         return [rows[step] for step in sorted(rows)]
+
+    def first_trained_step(self, campaign_id: int) -> int | None:
+        """The first policy step whose weights differ from the starting ones (None: none yet)."""
+        with self._reading() as connection:
+            return _steps(connection, campaign_id)[1]
 
     def sampling_versions(
         self, campaign_id: int, after_group: int = 0
@@ -196,6 +215,15 @@ class VersionRow:
     diversities: list[float] = field(default_factory=list)
     best: dict[str, float] = field(default_factory=dict)  # among its valid programs
 
+    def add(self, later: VersionRow) -> None:
+        """Fold in the same version's rows of groups read later."""
+        self.groups += later.groups
+        self.rollouts += later.rollouts
+        self.parse_rates += later.parse_rates
+        self.diversities += later.diversities
+        for objective, value in later.best.items():
+            self.best[objective] = max(value, self.best.get(objective, value))
+
     def as_json(self) -> dict[str, Any]:
         return {
             "step": self.step,
@@ -206,6 +234,17 @@ class VersionRow:
             "pool_diversity": _mean(self.diversities),
             "best": self.best,
         }
+
+
+def _steps(connection: Connection, campaign_id: int) -> tuple[dict[int, int], int | None]:
+    """The campaign's policy versions (id -> step) and the first step that moved the weights."""
+    policies = connection.execute(
+        select(POLICY.c.id, POLICY.c.step, POLICY.c.metrics).where(
+            POLICY.c.campaign_id == campaign_id
+        )
+    ).all()
+    first = min((p.step for p in policies if moved_weights(p.metrics)), default=None)
+    return {policy.id: policy.step for policy in policies}, first
 
 
 def _mean(values: Sequence[float]) -> float | None:
