@@ -18,6 +18,13 @@ from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, Roll
 from harness.store import Store
 
 
+@pytest.fixture(autouse=True)
+def _piped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output as a pipe gets it, whatever width the shell running the suite exported
+    (`COLUMNS` set fixes rich's width, as a user's would)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> object:
     assert main([*argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)
