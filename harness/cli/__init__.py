@@ -12,6 +12,7 @@ internal error, 4 try again (the database or the model endpoint did not answer).
     database.py    vpo status, vpo db ..., vpo ui
     flags.py       argument types, and a flag per campaign setting, made from the config's fields
     render.py      the tables and lines the commands print
+    db_render.py   what the `vpo db` views print
     warmup.py      vpo warmup
 
 The top room: it reaches the others only through the ones it names (a generator, say, through

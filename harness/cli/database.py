@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.cli import render
+from harness.cli import db_render, render
 from harness.cli.campaigns import find_campaign
 from harness.cli.flags import (
     MAX_DESCENDANTS,
@@ -204,7 +204,7 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, default=str))
     else:
-        render.print_view(command, data)
+        db_render.print_view(command, data)
     return 0
 
 
