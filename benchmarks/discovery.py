@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
 
+from harness.cli.flags import SETTING_FLAGS, add_setting, setting_flag  # noqa: E402
 from trainer.measures import front_points as pareto_front  # noqa: E402,F401
 from trainer.measures import hypervolume  # noqa: E402
 
@@ -257,35 +258,36 @@ def live_objectives(runs: dict[str, list[RunResult]]) -> list[int]:
     return scored or list(range(len(results[0].objectives)))
 
 
+# The campaign settings each `vpo run` of the grid gets, as flags (their names, help and types
+# are the product's: harness/config). These values are the benchmark's protocol, not the
+# product's defaults: a LoRA step at its own rate and no KL anchor, the discovery reward's
+# settings for its arms.
+RUN_SETTINGS = {
+    "model": "qwen-coder", "backend": "auto", "concurrency": 8, "group_size": 4,
+    "max_tokens": 320, "temperature": 1.0, "iterations": 1000, "token_budget": 4000,
+    "drafts": 0, "form": "program",
+}  # fmt: skip
+TRAINED_SETTINGS = {
+    "train_every": 8, "lora_rank": 16, "learning_rate": 1e-5, "kl_beta": 0.0,
+    "micro_batch": 8, "format_reward": "partial", "overlong_buffer": 0,
+}  # fmt: skip
+DISCOVERY_SETTINGS = {"reward_reference": "parent", "slot_cost": 0.03, "warmup_samples": 0}
+
+
 def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list[str]:
     candidates, advantage = ARMS[arm]
     command = [
         sys.executable, "-m", "harness.cli", "run", args.problem, "--db", str(db),
-        "--seed", str(seed), "--model", args.model, "--backend", args.backend,
-        "--concurrency", str(args.concurrency), "--candidates", str(candidates),
-        "--group-size", str(args.group_size), "--max-tokens", str(args.max_tokens),
-        "--temperature", str(args.temperature), "--iterations", str(args.iterations),
-        "--token-budget", str(args.token_budget), "--drafts", str(args.drafts),
-        "--form", args.form,
+        "--seed", str(seed), "--candidates", str(candidates),
     ]  # fmt: skip
+    given = list(RUN_SETTINGS)
     if advantage is not None:
-        # `micro_batch` has no flag: it goes in a config file beside the database.
-        config = db.with_suffix(".toml")
-        config.write_text(
-            f"[training]\nmicro_batch = {args.micro_batch}\n"
-            f'format_reward = "{args.format_reward}"\n'
-            f"overlong_buffer = {args.overlong_buffer}\n"
-        )
-        command += [
-            "--config", str(config), "--train-every", str(args.train_every),
-            "--advantage", advantage, "--lora", "--lora-rank", str(args.lora_rank),
-            "--lr", str(args.lr), "--kl-beta", str(args.kl_beta),
-        ]  # fmt: skip
+        command += ["--advantage", advantage, "--lora"]
+        given += TRAINED_SETTINGS
         if arm in DISCOVERY_REWARD:
-            command += [
-                "--reward-reference", args.reward_reference, "--slot-cost", str(args.slot_cost),
-                "--warmup-samples", str(args.warmup_samples),
-            ]  # fmt: skip
+            given += DISCOVERY_SETTINGS
+    for name in given:
+        command += [setting_flag(name), str(getattr(args, name))]
     return command
 
 
@@ -489,7 +491,8 @@ def report(
         f"{args.max_tokens}, temperature {args.temperature}, token budget "
         f"{args.token_budget} per run (a run ends at most one batch past it), iterations "
         f"capped at {args.iterations}; the trained arms: a LoRA step (rank {args.lora_rank}, "
-        f"lr {args.lr:g}, micro-batch {args.micro_batch}, format reward {args.format_reward}, "
+        f"lr {args.learning_rate:g}, micro-batch {args.micro_batch}, format reward "
+        f"{args.format_reward}, "
         f"overlong buffer {args.overlong_buffer}, KL weight {args.kl_beta:g}; the "
         f"discovery-reward arms measured against {args.reward_reference}, slot cost "
         f"{args.slot_cost:g}, warm-up samples {args.warmup_samples}) "
@@ -714,34 +717,11 @@ def main() -> None:
     parser.add_argument("--arms", default="none,grpo,vpo", help=f"of {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="0,1,2", help="campaign seeds, e.g. 0,1,2")
     parser.add_argument("--problem", default=PROBLEM)
-    parser.add_argument("--model", default="qwen-coder")
-    parser.add_argument("--backend", default="auto")
-    parser.add_argument(
-        "--concurrency", type=int, default=8, help="iterations in flight (0: the backend's default)"
+    settings = parser.add_argument_group(
+        "campaign settings (as `vpo run` takes them; the defaults are this benchmark's)"
     )
-    parser.add_argument("--token-budget", type=int, default=4000, help="tokens per run")
-    parser.add_argument("--iterations", type=int, default=1000, help="a cap that should not bind")
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=320)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument(
-        "--train-every", type=int, default=8, help="new groups a step (a batch: --concurrency)"
-    )
-    parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=1e-5, help="the LoRA learning rate")
-    parser.add_argument("--kl-beta", type=float, default=0.0, help="KL weight (0: no reference)")
-    parser.add_argument("--drafts", type=int, default=0, help="drafts beside the parent")
-    parser.add_argument(
-        "--form",
-        choices=("program", "compact"),
-        default="program",
-        help="candidates as whole programs or as the expression alone (compact)",
-    )
-    # The campaign's default: a group's G rollouts in one pass, its prompt run once (a
-    # micro-batch of 1 would train each rollout in a row of its own, the prompt G times).
-    parser.add_argument(
-        "--micro-batch", type=int, default=8, help="rollouts per forward/backward of a step"
-    )
+    for name, value in (RUN_SETTINGS | TRAINED_SETTINGS | DISCOVERY_SETTINGS).items():
+        add_setting(settings, SETTING_FLAGS[name], default=value)
     parser.add_argument(
         "--probe",
         action="store_true",
@@ -749,38 +729,6 @@ def main() -> None:
         f"({PROBE_SLOTS} candidate slots: benchmarks/probe.py)",
     )
     parser.add_argument("--probe-seed", type=int, default=0, help="the probes' sampling seed")
-    parser.add_argument(
-        "--format-reward",
-        choices=("partial", "whole"),
-        default="partial",
-        help="the trained arms' reward of a rollout whose m candidates did not all parse",
-    )
-    parser.add_argument(
-        "--overlong-buffer",
-        type=int,
-        default=0,
-        help="the trained arms' soft overlong punishment: tokens before --max-tokens where a "
-        "longer completion starts to lose reward (0: off)",
-    )
-    parser.add_argument(
-        "--reward-reference",
-        choices=("none", "parent", "island", "campaign"),
-        default="parent",
-        help="the discovery-reward arms' (vpo_front, entropic): what a set score is measured "
-        "against",
-    )
-    parser.add_argument(
-        "--slot-cost",
-        type=float,
-        default=0.03,
-        help="the discovery-reward arms': what a rollout loses for its share of wasted slots",
-    )
-    parser.add_argument(
-        "--warmup-samples",
-        type=int,
-        default=0,
-        help="the discovery-reward arms': rollouts stored before the first step",
-    )
     parser.add_argument(
         "--keep", type=Path, help="keep each run's database, log and summary (.run.json) here"
     )

@@ -115,6 +115,7 @@ def write(
     args: argparse.Namespace, config: Any, start: dict[str, Any], results: list[dict[str, Any]]
 ) -> None:
     slots = start["slots"]
+    training = config.training
 
     def measures(m: dict[str, Any]) -> str:
         diversity = "-" if m["diversity"] is None else f"{m['diversity']:.3f}"
@@ -131,8 +132,8 @@ def write(
         f"- command: `python benchmarks/lr_sweep.py {' '.join(sys.argv[1:])}`",
         f"- each run: `vpo run --config {args.config.relative_to(ROOT)} --lr LR` ({config.problem},"
         f" {config.model}, form {config.form}, G = {config.group_size}, m = {config.candidates},"
-        f" {config.iterations} iterations, a {config.advantage} LoRA step (rank"
-        f" {config.lora_rank}) after every {config.train_every} groups); the probe: the"
+        f" {config.iterations} iterations, a {training.advantage} LoRA step (rank"
+        f" {training.lora_rank}) after every {training.train_every} groups); the probe: the"
         f" campaign's first prompt, {args.completions} completions a version, sampling seed"
         f" {args.seed}, {slots} candidate slots (benchmarks/probe.py)",
         "",

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.config.training import TrainSettings
 from trainer.advantages import (
     EPS,
     ESTIMATORS,
@@ -301,7 +302,7 @@ def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_form
     )
     group = TrainingGroup(1, 1, rollouts)
     partial = to_group(group, ["a", "b"], 3)
-    whole = to_group(group, ["a", "b"], 3, format_reward="whole")
+    whole = to_group(group, ["a", "b"], 3, TrainSettings(format_reward="whole"))
     assert partial is not None and whole is not None
     assert partial.mask.sum(axis=1).tolist() == [1, 3, 0, 2]
     assert whole.mask.sum(axis=1).tolist() == [0, 3, 0, 0] and whole.scores[0].sum() == 0
@@ -310,7 +311,7 @@ def test_a_rollout_of_fewer_whole_candidates_scores_nothing_under_the_whole_form
     by_whole = compute_advantages([whole], vpo).per_rollout
     assert by_partial[0] > by_partial[1]  # one good candidate beats three fair ones
     assert by_whole[1] > 0 > by_whole[0]  # the only whole rollout is the one rewarded
-    assert build({"format_reward": "whole"}).training().format_reward == "whole"
+    assert build({"format_reward": "whole"}).training.format_reward == "whole"
     with pytest.raises(UserError, match="format_reward"):
         build({"format_reward": "strict"})
 
@@ -335,8 +336,9 @@ def test_a_completion_near_the_token_limit_loses_its_scores() -> None:
         TrainingRollout((1, 2), (3,) * 160, None, (fair, fair, fair)),  # at the limit
     )
     group = TrainingGroup(1, 1, rollouts)
-    plain = to_group(group, ["a", "b"], 3, format_reward="whole")
-    punished = to_group(group, ["a", "b"], 3, format_reward="whole", overlong=(32, 160))
+    plain = to_group(group, ["a", "b"], 3, TrainSettings(format_reward="whole"))
+    rules = TrainSettings(format_reward="whole", overlong_buffer=32)
+    punished = to_group(group, ["a", "b"], 3, rules, max_tokens=160)
     assert plain is not None and punished is not None
     assert punished.scores[0, 0].tolist() == pytest.approx([0.9 * 0.3125, 0.8 * 0.3125])
     assert punished.scores[1].tolist() == plain.scores[1].tolist()
@@ -346,6 +348,6 @@ def test_a_completion_near_the_token_limit_loses_its_scores() -> None:
     after = compute_advantages([punished], vpo).per_rollout
     assert before[0] > before[1] and before[3] > before[2]  # the long ones were the better
     assert after[1] > after[0] and after[3] == after[2]  # now the short one is; the limit pays 0
-    assert build({"overlong_buffer": 32, "max_tokens": 160}).training().overlong_buffer == 32
+    assert build({"overlong_buffer": 32, "max_tokens": 160}).training.overlong_buffer == 32
     with pytest.raises(UserError, match="overlong_buffer"):
         build({"overlong_buffer": 160, "max_tokens": 160})

@@ -274,7 +274,7 @@ def test_the_discovery_reward_arms_pass_their_reward_and_vpo_keeps_the_papers() 
         problem="equation_discovery:oscillator1", model="qwen-coder", backend="auto",
         concurrency=1, group_size=4, max_tokens=160, temperature=1.0, iterations=10,
         token_budget=100, drafts=0, form="compact", micro_batch=4, format_reward="partial",
-        overlong_buffer=0, train_every=1, lora_rank=16, lr=1e-4, kl_beta=0.0,
+        overlong_buffer=0, train_every=1, lora_rank=16, learning_rate=1e-4, kl_beta=0.0,
         reward_reference="campaign", slot_cost=0.05, warmup_samples=0,
     )  # fmt: skip
     for arm, advantage in (("vpo_front", "vpo"), ("entropic", "entropic")):

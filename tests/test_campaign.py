@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from harness.config.settings import build
+from harness.config.training import TrainSettings
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.iteration import SampledIteration
 from harness.evolution.loop import evaluate_and_store, prepare, run_campaign
@@ -174,7 +175,7 @@ def test_a_lazy_copy_of_the_parent_earns_nothing_unless_kept(tmp_path: Path) -> 
     objectives = ["n26", "n32", "rect21"]
     stored, all_copies = store.untrained_groups(campaign_id, 2)
     zero = to_group(stored, objectives, 1)
-    keep = to_group(stored, objectives, 1, "keep")
+    keep = to_group(stored, objectives, 1, TrainSettings(duplicate_reward="keep"))
     assert zero is not None and keep is not None
     assert not zero.scores[0].any() and not zero.scores[3].any() and zero.scores[1].all()
     assert (keep.scores[0] == keep.scores[3]).all() and (keep.scores[0] > keep.scores[1]).all()
@@ -290,17 +291,17 @@ def test_training_settings_are_checked_before_anything_runs() -> None:
     endpoint = {"backend": "openai", "base_url": "http://127.0.0.1:1/v1"}
     with pytest.raises(UserError, match="'lora' must be true when training .* openai backend"):
         build({"train_every": 2, **endpoint})
-    assert build({"train_every": 2, "lora": True, **endpoint}).lora
+    assert build({"train_every": 2, "lora": True, **endpoint}).training.lora
     with pytest.raises(UserError, match="advantage"):
         build({"advantage": "ppo"})
     with pytest.raises(UserError, match="true or false"):
         build({"lora": "yes"})
     # training off: a single-candidate estimator with m = 3 is not an error yet
-    assert build({"advantage": "grpo"}).advantage == "grpo"
+    assert build({"advantage": "grpo"}).training.advantage == "grpo"
 
 
 def test_the_config_knows_the_trainer_estimators() -> None:
-    from harness.config.settings import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
+    from harness.config.training import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
     from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
 
     assert tuple(ESTIMATORS) == ADVANTAGES

@@ -297,7 +297,8 @@ def test_help_shows_each_default_and_no_default_that_is_none() -> None:
     assert "-n N how many programs (default: 10)" in helps["vpo db top"]
     assert "--what WHAT programs or trajectories (default: programs)" in helps["vpo db export"]
     assert "--k K the largest k (default 30;" in helps["vpo db bestk"]  # said once, not twice
-    assert "--seed SEED default: 0" in helps["vpo train"]  # a flag without help text
+    assert "--seed SEED random seed (0)" in helps["vpo train"]  # a setting's own words
+    assert "--lora-rank LORA_RANK default: 16" in helps["vpo warmup"]  # a flag without help
     lineage = helps["vpo db lineage"]
     assert f"(default: {views.DESCENDANT_DEPTH})" in lineage
     assert f"(default: {views.DESCENDANT_LIMIT})" in lineage

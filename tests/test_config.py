@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from harness.config.errors import UserError
 from harness.config.files import load_toml
-from harness.config.settings import CampaignConfig, build
+from harness.config.settings import KEYS, TRAINING_KEYS, CampaignConfig, build
+from harness.config.training import TrainSettings
 from harness.config.values import FLOAT_RANGES
 
 
@@ -126,7 +126,7 @@ def test_every_setting_has_one_section_or_the_top(tmp_path: Path) -> None:
 
     top = {"problem", "name", "seed", "iterations", "token_budget", "strategy"}
     in_sections = [key for keys in SECTIONS.values() for key in keys]
-    assert sorted([*top, *in_sections]) == sorted(f.name for f in fields(CampaignConfig))
+    assert sorted([*top, *in_sections]) == sorted(KEYS)
     # The layout docs/campaigns.md shows loads as it is.
     docs = (Path(__file__).parents[1] / "docs" / "campaigns.md").read_text()
     file = tmp_path / "campaign.toml"
@@ -134,7 +134,7 @@ def test_every_setting_has_one_section_or_the_top(tmp_path: Path) -> None:
     assert build(load_toml(file)) == CampaignConfig(iterations=50)
 
 
-FLOAT_SETTINGS = sorted(f.name for f in fields(CampaignConfig) if f.type == "float")
+FLOAT_SETTINGS = sorted(name for name, f in KEYS.items() if f.type == "float")
 
 
 def test_every_float_setting_has_a_range() -> None:
@@ -145,7 +145,8 @@ def test_every_float_setting_has_a_range() -> None:
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 1e300, -1.0])
 def test_float_settings_must_be_finite_and_in_range(key: str, value: float) -> None:
     """From a layer (file, flags, stored) and built directly alike, one line naming the key."""
-    for attempt in (lambda: build({key: value}), lambda: CampaignConfig(**{key: value})):
+    record = TrainSettings if key in TRAINING_KEYS else CampaignConfig
+    for attempt in (lambda: build({key: value}), lambda: record(**{key: value})):
         with pytest.raises(UserError, match=f"config key '{key}' must be .*, got") as info:
             attempt()
         assert "\n" not in str(info.value)
@@ -166,7 +167,7 @@ def test_every_setting_with_help_is_a_flag_unset_unless_given() -> None:
     each is None unless given, so only the flags typed override the file and the database."""
     from harness.cli.parser import build_parser
 
-    settings = [f.name for f in fields(CampaignConfig) if "help" in f.metadata]
+    settings = [name for name, f in KEYS.items() if "help" in f.metadata]
     assert {"iterations", "group_size", "learning_rate", "lora", "policy_dir"} <= set(settings)
     for command in (["run"], ["worker"], ["config", "show"]):
         args = build_parser().parse_args(command)
@@ -175,4 +176,53 @@ def test_every_setting_with_help_is_a_flag_unset_unless_given() -> None:
     args = build_parser().parse_args(["run", *given])
     assert (args.group_size, args.candidates, args.learning_rate, args.lora) == (2, 1, 1e-4, True)
     assert (args.policy_dir, args.seed) == ("p", 7)
-    assert build({k: getattr(args, k) for k in settings}).learning_rate == 1e-4
+    assert build({k: getattr(args, k) for k in settings}).training.learning_rate == 1e-4
+
+
+def test_training_is_one_table_held_whole_and_old_flat_settings_read_the_same(
+    tmp_path: Path,
+) -> None:
+    """A campaign holds its TrainSettings whole; it stores them as a table, a campaign stored
+    before that (training keys among the rest) reads the same, and `vpo config show` prints a
+    file that loads back as the config it shows."""
+    flat = {"problem": "x", "train_every": 2, "learning_rate": 1e-4, "lora": True, "seed": 3}
+    config = build(flat)
+    assert config.training == TrainSettings(train_every=2, learning_rate=1e-4, lora=True)
+    stored = config.to_dict()
+    assert stored["training"]["learning_rate"] == 1e-4 and "learning_rate" not in stored
+    assert build(stored) == config == build(config.flat())
+    assert "training" not in config.flat() and config.flat()["lora"] is True
+    assert build(stored, {"kl_beta": 0.0}).training.kl_beta == 0  # a later layer overrides
+    file = tmp_path / "shown.toml"
+    file.write_text(config.to_toml())
+    assert build(load_toml(file)) == config
+    # The sampling a step needs comes from the campaign's own settings, not a copy.
+    sampling = config.sampling()
+    assert (sampling.model, sampling.seed, sampling.temperature) == ("smollm2", 3, 0.8)
+    for bad, words in (
+        ({"training": 3}, "'training' in the settings must be a table"),
+        ({"training": {"lern_rate": 1}}, "unknown training key 'lern_rate'"),
+    ):
+        with pytest.raises(UserError, match=words) as info:
+            build(bad, where="the settings")
+        assert "\n" not in str(info.value)
+
+
+def test_vpo_train_takes_every_shared_training_setting_as_the_campaign_flag() -> None:
+    """`vpo train`'s training flags are the campaign's (names, types), less the loop's own;
+    a bad value is named by its flag."""
+    from harness.cli.flags import SETTING_FLAGS, TRAIN_FLAGS
+    from harness.cli.parser import build_parser
+    from harness.cli.train import _training
+
+    assert {"reward_reference", "slot_cost", "micro_batch", "shared_prompt"} <= set(TRAIN_FLAGS)
+    assert not {"sample_after_step", "policy_dir", "keep_versions"} & set(TRAIN_FLAGS)
+    args = build_parser().parse_args(
+        ["train", "--micro-batch", "2", "--no-shared-prompt", "--slot-cost", "0.1"]
+    )
+    trained = _training(args, TrainSettings())
+    assert (trained.micro_batch, trained.shared_prompt, trained.slot_cost) == (2, False, 0.1)
+    args = build_parser().parse_args(["train", "--reward-reference", "front"])
+    with pytest.raises(UserError, match="^--reward-reference must be none, parent"):
+        _training(args, TrainSettings())
+    assert set(TRAIN_FLAGS) <= set(SETTING_FLAGS)

@@ -14,6 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.config.training import TrainSettings
 from harness.learning.rewards import references, to_group, wasted_slots
 from harness.records import TrainingGroup, TrainingRollout
 from harness.store import Store
@@ -178,7 +179,8 @@ def test_every_slot_counts() -> None:
         rollout([good, left, {"a": 0.0, "b": 0.0}], [7, 8, 11], valid=[True] * 3),  # one scored 0
     )
     assert [wasted_slots(r, 3) for r in rollouts] == [2, 0, 2, 1, 1, 1]
-    group = to_group(TrainingGroup(1, 0, rollouts), ["a", "b"], 3, reference=front, slot_cost=0.1)
+    rules = TrainSettings(slot_cost=0.1)
+    group = to_group(TrainingGroup(1, 0, rollouts), ["a", "b"], 3, rules, reference=front)
     assert group is not None and np.allclose(group.cost, 0.1 * np.array([2, 0, 2, 1, 1, 1]) / 3)
     weights = torch.from_numpy(np.random.default_rng(0).dirichlet([1, 1], size=(1, 4000)))
     earned = set_scores(
@@ -292,9 +294,10 @@ def test_the_first_step_waits_for_the_warm_up_samples_then_takes_them_all(databa
     assert campaign is not None
 
     def waiting(warmup: int, version: int | None = None, every: int = 1) -> list[int] | None:
+        settings = TrainSettings(train_every=every, warmup_samples=warmup)
         trainer = CampaignTrainer(
-            store, campaign.id, every, ["a", "b"], 2, 0, None, None, None, "c",  # type: ignore[arg-type]
-            version_id=version, warmup_samples=warmup,
+            store, campaign.id, settings, ["a", "b"], 2, 0, 0, None, None, None, "c",  # type: ignore[arg-type]
+            version_id=version,
         )  # fmt: skip
         found = _waiting_groups(trainer)
         return None if found is None else [g.iteration for g in found]

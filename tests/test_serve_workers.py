@@ -23,7 +23,7 @@ from conftest import (
     wait_for_campaign,
 )
 
-from harness.config.settings import KEEP_VERSIONS
+from harness.config.training import KEEP_VERSIONS
 from harness.llm.openai_backend import OpenAIGenerator
 
 GROUP_SIZE = 2

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from harness.cli.render import size, status_rows
 from harness.config.errors import UserError
 from harness.config.files import load_toml
-from harness.config.settings import KEEP_VERSIONS, CampaignConfig, build
+from harness.config.settings import CampaignConfig, build
+from harness.config.training import KEEP_VERSIONS
 from harness.evolution.loop import run_campaign
 from harness.learning import publish as publishing
 from harness.learning.offline import follow
@@ -324,10 +325,10 @@ def test_prune_keeps_the_newest_and_those_in_use(tmp_path: Path) -> None:
 def test_keep_versions_is_a_setting_with_a_flag_and_a_toml_key(tmp_path: Path) -> None:
     from harness.cli.parser import build_parser
 
-    assert CampaignConfig().keep_versions == KEEP_VERSIONS == 3
+    assert CampaignConfig().training.keep_versions == KEEP_VERSIONS == 3
     file = tmp_path / "c.toml"
     file.write_text("[training]\nkeep_versions = 5\n")
-    assert build(load_toml(file)).keep_versions == 5
+    assert build(load_toml(file)).training.keep_versions == 5
     args = build_parser().parse_args(["run", "--keep-versions", "7"])
     assert args.keep_versions == 7
     for bad, words in ((-1, "must be a whole number >= 0"), (2.5, "must be a whole number")):

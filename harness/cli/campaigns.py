@@ -151,7 +151,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.problem:
         program_problem(args.problem)
     config, problem, store, stored = effective_config(args)
-    if config.train_every:
+    if config.training.train_every:
         raise UserError(
             "workers do not train: leave out --train-every and run one "
             "`vpo train --db ... --follow` beside them"

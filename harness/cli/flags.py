@@ -1,22 +1,32 @@
 """What every command's parser shares: one-line usage errors, the argument types, and the
-campaign settings as flags, made from `CampaignConfig`'s fields so that a new setting is
-written once (harness/config/settings.py) and every command that takes settings has its flag."""
+settings as flags, made from the fields of `CampaignConfig` and its `TrainSettings` so that a
+new setting is written once (harness/config/settings.py, training.py) and every command that
+takes settings has its flag, with the same name, help and default."""
 
 from __future__ import annotations
 
 import argparse
 import copy
-from dataclasses import Field, fields
+from dataclasses import Field
 from typing import Any, NoReturn
 
 from harness.config.errors import UserError
-from harness.config.settings import CampaignConfig
+from harness.config.settings import CAMPAIGN_KEYS, TRAINING_KEYS
+from harness.config.values import REPORTING, SETTINGS, TRAINING
 
 MAX_ROWS = 1_000_000  # `vpo db top -n`
 MAX_K = 1000  # `vpo db bestk --k`: each k is one pass over every candidate slot
 MAX_DESCENDANTS = 10_000  # `vpo db lineage -n`: a table, not an export
-# The settings that are flags: every field made with `harness.config.settings.setting`.
-SETTING_FLAGS = tuple(f.name for f in fields(CampaignConfig) if "help" in f.metadata)
+# The settings that are flags: every field made with `harness.config.values.setting`.
+SETTING_FLAGS = {
+    name: f for name, f in {**CAMPAIGN_KEYS, **TRAINING_KEYS}.items() if "help" in f.metadata
+}
+# The training settings `vpo train` takes as flags (a campaign-only one acts in the loop).
+TRAIN_FLAGS = {
+    name: f
+    for name, f in TRAINING_KEYS.items()
+    if name in SETTING_FLAGS and not f.metadata["campaign_only"]
+}
 
 
 class DefaultsShown(argparse.HelpFormatter):
@@ -75,36 +85,56 @@ def add_campaign_flags(p: argparse.ArgumentParser) -> None:
         help="database file or URL (default: runs/PROBLEM.db; postgresql://... works)",
     )
     p.add_argument("--name", default=None, help="campaign name (default: the problem's name)")
-    groups: dict[str, Any] = {}
-    for field in fields(CampaignConfig):
-        if field.name in SETTING_FLAGS:
-            group = field.metadata["group"]
-            if group not in groups:
-                groups[group] = p.add_argument_group(group)
-            add_setting(groups[group], field)
+    groups = {title: p.add_argument_group(title) for title in (SETTINGS, TRAINING, REPORTING)}
+    for field in SETTING_FLAGS.values():
+        add_setting(groups[field.metadata["group"]], field)
 
 
-def add_setting(group: Any, field: Field[Any]) -> None:
+def add_setting(
+    group: Any, field: Field[Any], help: str | None = None, default: Any = None
+) -> None:
+    """The flag of setting `field`, with its own help or `help`: None unless given, or
+    `default` (a benchmark's protocol), which its help then names beside the product's. A
+    switch that is on by default is `--no-name`."""
     meta = field.metadata
-    names = [meta["flag"] or "--" + field.name.replace("_", "-")]
+    kind = str(field.type).removesuffix(" | None")
+    negated = kind == "bool" and field.default is True
+    names = [setting_flag(field.name)]
     if meta["short"]:
         names.insert(0, meta["short"])
-    shown = str(field.default)
-    if isinstance(field.default, float):
-        shown = f"{field.default:g}".replace("e-0", "e-")  # 1e-6, not 1e-06
     options: dict[str, Any] = {
         "dest": field.name,
-        "default": None,
-        "help": meta["help"].format(default=shown),
+        "default": default,
+        "help": help or meta["help"].format(default=_shown(field.default)),
     }
-    kind = str(field.type).removesuffix(" | None")
+    if default is not None:
+        options["help"] += f"; here {_shown(default)}"
     if kind == "bool":
-        options |= {"action": "store_const", "const": True}
+        options |= {"action": "store_const", "const": not negated}
     elif kind in ("int", "float"):
         options["type"] = int if kind == "int" else float
-    if field.default is None or field.default == ():
+    if help is None and default is None and field.default in (None, ()):
         options["help"] = meta["help"]  # its words say what unset means
     group.add_argument(*names, **options)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}".replace("e-0", "e-")  # 1e-6, not 1e-06
+    return str(value)
+
+
+def setting_flag(name: str) -> str:
+    """The flag of setting `name`: `--lr` for learning_rate, `--group-size` for group_size,
+    `--no-shared-prompt` for a switch that is on by default."""
+    field = SETTING_FLAGS[name]
+    negated = field.default is True
+    return field.metadata["flag"] or ("--no-" if negated else "--") + name.replace("_", "-")
+
+
+def given_settings(args: argparse.Namespace, names: Any) -> dict[str, Any]:
+    """The settings among `names` whose flags were given."""
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
 
 
 def port(text: str) -> int:

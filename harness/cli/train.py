@@ -10,42 +10,41 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.cli.campaigns import find_campaign
-from harness.cli.flags import add_setting, positive_float, positive_int
+from harness.cli.flags import (
+    TRAIN_FLAGS,
+    add_setting,
+    given_settings,
+    positive_float,
+    positive_int,
+    setting_flag,
+)
 from harness.config import logs
 from harness.config.errors import UserError
-from harness.config.settings import (
+from harness.config.settings import CAMPAIGN_KEYS, TRAINING_KEYS, build
+from harness.config.training import (
     ADVANTAGES,
+    ANSWER_TRAINING,
+    DEFAULT_MODEL,
     DUPLICATE_REWARDS,
+    FOLLOW_EVERY,
     FORMAT_REWARDS,
     GRADIENT_CHECKPOINTING,
-    OLD_LOGPROBS,
-    CampaignConfig,
-    build,
-)
-from harness.config.training import (
-    ANSWER_TRAINING,
-    FOLLOW_EVERY,
     LORA_LEARNING_RATE,
+    OLD_LOGPROBS,
+    REWARD_RULES,
     AnswerSettings,
     OfflineSettings,
+    Sampling,
     TrainSettings,
     trained_temperature,
 )
-from harness.config.values import check_float
 
 SHARDINGS = ("auto", "fsdp", "ddp", "none")  # trainer.distributed's, without importing torch
-
-
-# `vpo train` takes these campaign settings as flags, each as `vpo run` does.
-TRAINING_FLAGS = (
-    "advantage", "learning_rate", "lora", "lora_rank", "kl_beta", "duplicate_reward",
-    "format_reward", "overlong_buffer", "old_logprobs", "gradient_checkpointing",
-)  # fmt: skip
 
 
 def add_commands(commands: Any) -> None:
@@ -68,10 +67,8 @@ def add_commands(commands: Any) -> None:
         "the campaign's policy folder)",
     )
     p.add_argument("--name", default=None, help="campaign name (default: the only one)")
-    p.add_argument(
-        "--model",
-        default=None,
-        help=f"base model (default: the campaign's, or {TrainSettings.model})",
+    add_setting(
+        p, CAMPAIGN_KEYS["model"], help=f"base model (default: the campaign's, or {DEFAULT_MODEL})"
     )
     p.add_argument(
         "--steps",
@@ -81,37 +78,22 @@ def add_commands(commands: Any) -> None:
     )
     p.add_argument("--groups-per-step", dest="groups_per_step", type=positive_int, default=None)
     p.add_argument(
-        "--micro-batch",
-        dest="micro_batch",
-        type=positive_int,
-        default=None,
-        help=f"rollouts per forward/backward (default {TrainSettings.micro_batch}; "
-        f"{ANSWER_TRAINING.micro_batch} with --problem, whose prompts are long)",
-    )
-    p.add_argument(
-        "--no-shared-prompt",
-        dest="shared_prompt",
-        action="store_false",
-        default=None,
-        help="train every rollout in a row of its own, its prompt run once per rollout "
-        "(default: each group's prompt runs once for all its rollouts; the same step)",
-    )
-    p.add_argument(
         "--sharding",
         default="auto",
         help="on several processes (torchrun, accelerate launch): fsdp (each process holds a "
         "shard of the weights and optimiser), ddp (whole copies) or auto (fsdp when there are "
         "several processes or accelerate's config asks for FSDP; none on one)",
     )
-    p.add_argument("--seed", type=int, default=TrainSettings.seed)
+    add_setting(p, CAMPAIGN_KEYS["seed"])
     # The campaign's own training flags, from the same settings (names, help, types).
     settings = p.add_argument_group(
         "training settings (default: the campaign's with --follow; otherwise as shown, but "
-        f"--old-logprobs recompute, --lr {LORA_LEARNING_RATE:g} with --lora, and with --db the "
-        "campaign's reward rules)"
+        f"--old-logprobs recompute, --lr {LORA_LEARNING_RATE:g} with --lora, with --db the "
+        f"campaign's reward rules, and --micro-batch {ANSWER_TRAINING.micro_batch} with "
+        "--problem, whose prompts are long)"
     )
-    for field in fields(CampaignConfig):
-        if field.name in TRAINING_FLAGS:
+    for name, field in TRAIN_FLAGS.items():
+        if name != "train_every":  # a flag of --follow's, below
             add_setting(settings, field)
     _add_follow_flags(p.add_argument_group("with --db --follow (beside `vpo worker` processes)"))
     _add_answer_flags(p.add_argument_group("with --problem (answer problems)"))
@@ -125,11 +107,9 @@ def _add_follow_flags(follow: Any) -> None:
         help="keep training on new groups as workers record them, publishing policy versions, "
         "until the campaign's budget is recorded and used",
     )
-    follow.add_argument(
-        "--train-every",
-        dest="train_every",
-        type=positive_int,
-        default=None,
+    add_setting(
+        follow,
+        TRAINING_KEYS["train_every"],
         help=f"groups per step with --follow (default: the campaign's train_every, else "
         f"{FOLLOW_EVERY})",
     )
@@ -158,8 +138,8 @@ def _add_answer_flags(rl: Any) -> None:
     rl.add_argument(
         "--temperature",
         type=positive_float,
-        default=ANSWER_TRAINING.temperature,
-        help=f"sampling temperature while training (default {ANSWER_TRAINING.temperature})",
+        default=Sampling.temperature,
+        help=f"sampling temperature while training (default {Sampling.temperature})",
     )
     rl.add_argument(
         "--eval-prompts",
@@ -245,13 +225,10 @@ def _checked_out(args: argparse.Namespace) -> Path:
         raise UserError(
             f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
         )
-    # The campaign settings' ranges, so `vpo train` takes no NaN or infinity either.
-    if args.learning_rate is not None:
-        check_float("learning_rate", args.learning_rate, name="--lr")
-    if args.kl_beta is not None:
-        check_float("kl_beta", args.kl_beta, name="--kl-beta")
-    if args.lora_rank is not None and args.lora_rank < 1:
-        raise UserError(f"--lora-rank must be a whole number >= 1, not {args.lora_rank}")
+    if args.train_every is not None and args.train_every < 1:
+        raise UserError(f"--train-every must be a whole number >= 1, not {args.train_every}")
+    # The rest as the settings check them (ranges: no NaN or infinity), named by their flags.
+    _training(args, TrainSettings())
     if (args.db is None) == (args.problem is None):
         raise UserError(
             "give either --db (learn from a campaign's groups) or --problem (RL on an answer "
@@ -271,29 +248,24 @@ def _checked_out(args: argparse.Namespace) -> Path:
 
 
 def _training(args: argparse.Namespace, base: TrainSettings) -> TrainSettings:
-    """`base` under the flags given; a LoRA adapter starts from its own learning rate."""
-    settings = replace(
-        base,
-        **_given(
-            model=args.model or None,
-            advantage=args.advantage,
-            learning_rate=args.learning_rate,
-            lora=args.lora or None,
-            lora_rank=args.lora_rank,
-            kl_beta=args.kl_beta,
-            micro_batch=args.micro_batch,
-            seed=args.seed,
-            duplicate_reward=args.duplicate_reward,
-            format_reward=args.format_reward,
-            overlong_buffer=args.overlong_buffer,
-            old_logprobs=args.old_logprobs,
-            gradient_checkpointing=args.gradient_checkpointing,
-            shared_prompt=args.shared_prompt,
-        ),
-    )
+    """`base` under the training flags given (a bad value named by its flag); a LoRA adapter
+    starts from its own learning rate."""
+    given = given_settings(args, TRAIN_FLAGS)
+    given.pop("train_every", None)  # --follow's groups per step
+    try:
+        settings = replace(base, **given)
+    except UserError as error:  # "config key 'kl_beta' must be ...": say the flag
+        for name in TRAIN_FLAGS:
+            error = UserError(str(error).replace(f"config key {name!r}", setting_flag(name)))
+        raise error from None
     if args.learning_rate is None and settings.lora:
         settings = replace(settings, learning_rate=LORA_LEARNING_RATE)
     return settings
+
+
+def _sampling(args: argparse.Namespace, base: Sampling) -> Sampling:
+    """`base` under --model and --seed."""
+    return replace(base, **_given(model=args.model or None, seed=args.seed))
 
 
 def _given(**values: Any) -> dict[str, Any]:
@@ -305,20 +277,15 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
 
     stored = build(campaign.config, where="the campaign's settings")
     # An offline pass trains a model of its own: the campaign's rollouts were sampled by other
-    # weights, so its ratio starts at 1 unless --old-logprobs says otherwise.
-    base = TrainSettings(
+    # weights, so its ratio starts at 1 unless --old-logprobs says otherwise. The campaign's
+    # reward rules: the groups score as they did when it trained on them.
+    rules = {name: getattr(stored.training, name) for name in REWARD_RULES}
+    training = _training(args, TrainSettings(old_logprobs="recompute", **rules))
+    sampled = Sampling(
         model=stored.model,
         temperature=trained_temperature(stored.temperature),
         top_p=stored.top_p,
-        old_logprobs="recompute",
-        # The campaign's reward rules: the groups score as they did when it trained on them.
-        duplicate_reward=stored.duplicate_reward,
-        format_reward=stored.format_reward,
-        overlong_buffer=stored.overlong_buffer,
-        reward_reference=stored.reward_reference,
-        slot_cost=stored.slot_cost,
     )
-    training = _training(args, base)
     if training.overlong_buffer >= stored.max_tokens:
         raise UserError(
             f"--overlong-buffer must be below the campaign's max_tokens ({stored.max_tokens}), "
@@ -327,12 +294,13 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
     settings = OfflineSettings(
         out=out,
         training=training,
+        sampling=_sampling(args, sampled),
         **_given(steps=args.steps, groups_per_step=args.groups_per_step),
     )
     # Under torchrun or `accelerate launch` every process runs this; one of them speaks.
     speaks = os.environ.get("RANK", "0") == "0"
     if speaks:
-        model = settings.training.model
+        model = settings.sampling.model
         logs.say(f"training {model} on campaign {campaign.name!r} of {store.where}")
     parallel = _joined(args)
     try:
@@ -356,21 +324,10 @@ def _train_follow(args: argparse.Namespace, store: Any, campaign: Any) -> int:
     from harness.learning.offline import follow
 
     overrides: dict[str, Any] = {
-        "train_every": args.train_every,
-        "advantage": args.advantage,
+        **given_settings(args, TRAIN_FLAGS),
         "model": args.model or None,
-        "learning_rate": args.learning_rate,
-        "kl_beta": args.kl_beta,
-        "duplicate_reward": args.duplicate_reward,
-        "format_reward": args.format_reward,
-        "overlong_buffer": args.overlong_buffer,
-        "old_logprobs": args.old_logprobs,
-        "gradient_checkpointing": args.gradient_checkpointing,
-        "shared_prompt": args.shared_prompt,
         "policy_dir": None if args.out is None else str(Path(args.out).resolve()),
     }
-    if args.lora:
-        overrides |= {"lora": True, "lora_rank": args.lora_rank}
     parallel = _joined(args)
     try:
         follow(
@@ -410,10 +367,10 @@ def _train_answers(args: argparse.Namespace, out: Path) -> int:
         )
     if args.name is not None:
         raise UserError("--name picks a campaign of --db; it does not go with --problem")
-    base = replace(ANSWER_TRAINING, temperature=args.temperature)
     settings = AnswerSettings(
         out=out,
-        training=_training(args, base),
+        training=_training(args, ANSWER_TRAINING),
+        sampling=_sampling(args, Sampling(temperature=args.temperature)),
         **_given(
             steps=args.steps,
             prompts_per_step=args.groups_per_step,
@@ -427,7 +384,7 @@ def _train_answers(args: argparse.Namespace, out: Path) -> int:
         ),
     )
     print(
-        f"training {settings.training.model} on {problem.name} by RL: {settings.steps} steps "
+        f"training {settings.sampling.model} on {problem.name} by RL: {settings.steps} steps "
         f"of {settings.prompts_per_step} prompts x {settings.group_size} completions, "
         f"m = {settings.candidates}"
     )

@@ -7,8 +7,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from harness.cli.flags import positive_float, positive_int
+from harness.cli.flags import add_setting, given_settings, positive_float, positive_int
 from harness.config.errors import UserError
+from harness.config.settings import CAMPAIGN_KEYS
 from harness.evolution.warmup import (
     WARMUP_FULL_LEARNING_RATE,
     WARMUP_LORA_LEARNING_RATE,
@@ -16,6 +17,12 @@ from harness.evolution.warmup import (
 )
 
 DEFAULTS = WarmupSettings()
+# The campaign settings the warm-up samples with (the rest are the file's or the defaults).
+SAMPLED = ("model", "backend", "candidates", "max_tokens", "temperature", "seed")
+WORDS = {
+    "model": "the model to warm up (default: the campaign's)",
+    "backend": "what samples: auto, vllm or transformers (default: auto)",
+}
 
 
 def add_commands(commands: Any) -> None:
@@ -27,12 +34,8 @@ def add_commands(commands: Any) -> None:
     p.add_argument("problem", help="a registered problem name, or a folder holding problem.py")
     p.add_argument("--out", required=True, help="an empty folder for the warmed-up model")
     p.add_argument("--config", default=None, help="a TOML file with campaign settings")
-    p.add_argument("--model", default=None, help="the model to warm up (default: the campaign's)")
-    p.add_argument("--backend", default=None, help="what samples: auto, vllm or transformers")
-    p.add_argument("--candidates", "-m", type=positive_int, default=None)
-    p.add_argument("--max-tokens", dest="max_tokens", type=positive_int, default=None)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    for name in SAMPLED:
+        add_setting(p, CAMPAIGN_KEYS[name], help=WORDS.get(name))
     p.add_argument(
         "--samples",
         type=positive_int,
@@ -75,15 +78,7 @@ def cmd_warmup(args: argparse.Namespace) -> int:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserError(f"--out {out} exists and is not an empty folder")
     problem = program_problem(args.problem)
-    flags = {
-        "problem": args.problem,
-        "model": args.model,
-        "backend": args.backend,
-        "candidates": args.candidates,
-        "max_tokens": args.max_tokens,
-        "temperature": args.temperature,
-        "seed": args.seed,
-    }
+    flags = {"problem": args.problem, **given_settings(args, SAMPLED)}
     file = load_toml(args.config) if args.config else {}
     config = build(file, flags, where=args.config or "the flags")
     settings = WarmupSettings(

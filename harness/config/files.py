@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import UserError
-from harness.config.settings import KEYS
+from harness.config.settings import KEYS, TRAINING_KEYS
 from harness.config.values import nearest as _nearest
 
-# The sections, for people: a key stands at the top of the file or
-# in its own section. The keys of no section (problem, name, seed, ...) stand at the top only.
+# The sections: a key stands at the top of the file or in its own section. The keys of no
+# section (problem, name, seed, ...) stand at the top only. [training] is the campaign's
+# TrainSettings; the others group its flat keys for people.
 SECTIONS: dict[str, tuple[str, ...]] = {
     "model": ("backend", "model", "base_url", "api_key_env"),
     "generation": (
@@ -26,14 +27,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens", "form"),
     "evolution": ("islands", "migration_interval", "drafts", "near_duplicate"),
     "evaluation": ("workers", "time_limit"),
-    "training": (
-        "train_every", "advantage", "learning_rate", "lora", "lora_rank", "kl_beta",
-        "dirichlet_weights", "dirichlet_alpha", "micro_batch", "skip_zero_advantage",
-        "shared_prompt", "gradient_checkpointing", "duplicate_reward", "format_reward",
-        "overlong_buffer", "reward_reference", "slot_cost", "kl_budget", "warmup_samples",
-        "old_logprobs", "policy_dir",
-        "keep_versions", "sample_after_step",
-    ),
+    "training": tuple(TRAINING_KEYS),  # the campaign's `training`, a TrainSettings
     "reporting": ("report_to", "tracker_dir"),
     "budget": ("price_prompt", "price_completion", "max_total_tokens", "max_cost"),
 }  # fmt: skip

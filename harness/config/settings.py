@@ -6,8 +6,9 @@ A campaign stores its effective config in the database; resuming uses the stored
 the flags given on the command line override it. A setting made with `setting(...)` is a flag
 of `vpo run` (its help text lives here, nowhere else).
 
-How a policy learns is `TrainSettings`, the same wherever it is trained; `OfflineSettings` and
-`AnswerSettings` add what `vpo train --db` and `vpo train --problem` need beside it.
+How a policy learns is `TrainSettings` (harness/config/training.py), the same wherever it is
+trained: a campaign holds it whole as `training`, its [training] table. Every setting has one
+name, campaign and training alike, so a flag or an old flat file names it without the table.
 """
 
 from __future__ import annotations
@@ -15,19 +16,28 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from harness.config.errors import UserError
-from harness.config.training import PROMPT_ROOM_TOKENS, TrainSettings, trained_temperature
+from harness.config.training import (
+    DEFAULT_MODEL,
+    PROMPT_ROOM_TOKENS,
+    SINGLE_CANDIDATE_ADVANTAGES,
+    Sampling,
+    TrainSettings,
+    trained_temperature,
+)
 from harness.config.values import (
     FLOAT_RANGES,
     POSITIVE_FLOATS,
+    REPORTING,
     check_float,
     check_positive,
     list_of_names,
     nearest,
     require,
+    setting,
     toml_value,
 )
 
@@ -35,19 +45,6 @@ from harness.config.values import (
 BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
-# Kept here rather than imported from trainer/, so reading a config never imports torch.
-ADVANTAGES = ("vpo", "entropic", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
-SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
-DUPLICATE_REWARDS = ("zero", "keep")
-FORMAT_REWARDS = ("partial", "whole")
-# What a group's set score is measured against (harness/learning/rewards.py `references`).
-REFERENCES = ("none", "parent", "island", "campaign")
-OLD_LOGPROBS = ("auto", "sampler", "recompute")
-GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
-SWITCHES = ("auto", "on", "off")
-# Policy versions kept on disk: the newest (a resume needs its optimiser state), a worker's or
-# server's previous one, and one to spare (harness/learning/publish.py, docs/training.md).
-KEEP_VERSIONS = 3
 # Programs shown beside the parent, at most: small models have small contexts.
 MAX_DRAFTS = 4
 # Iterations in flight when `concurrency` is 0, by backend: measured on the embedded model
@@ -65,28 +62,6 @@ SERVER_CALL_TIMEOUT = 600
 IN_PROCESS_CALL_TIMEOUT = 3600
 # Experiment trackers a campaign can report to (harness.learning.trackers); "none": nowhere.
 TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
-# The groups of flags in `vpo run --help`.
-SETTINGS = "settings (override the config file and the stored campaign)"
-TRAINING = "training (VPO inside the campaign)"
-REPORTING = "reporting and budgets (run settings: change them freely on resume)"
-# Prices (dollars per million tokens) and budgets are unset (None) or a positive number; the
-# upper end keeps a cost finite.
-
-
-def setting(
-    default: Any,
-    help: str,
-    *,
-    flag: str | None = None,
-    short: str | None = None,
-    group: str = SETTINGS,
-) -> Any:
-    """A campaign setting that `vpo run`, `vpo worker` and `vpo config show` take as a flag:
-    `--name-with-dashes` (or `flag`, and `short` beside it), shown in the help under `group`
-    with `help`, in which `{default}` stands for the default. A field made without this has
-    no flag (a file or the stored campaign sets it)."""
-    metadata = {"help": help, "flag": flag, "short": short, "group": group}
-    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
@@ -107,7 +82,7 @@ class CampaignConfig:
     backend: str = setting(
         "auto", "auto, transformers, vllm or openai ({default}: vllm where installed)"
     )
-    model: str = setting(TrainSettings.model, "model name, HF id or folder ({default})")
+    model: str = setting(DEFAULT_MODEL, "model name, HF id or folder ({default})")
     # openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1
     base_url: str | None = setting(None, "openai endpoint URL")
     # the variable holding the key; the key is never stored
@@ -160,92 +135,8 @@ class CampaignConfig:
     # evaluation
     workers: int = setting(0, "sandbox workers ({default}: one per CPU)")
     time_limit: float = setting(0.0, "seconds per call ({default}: the problem's own)")
-    # training: one policy step after every `train_every` new groups (0: never)
-    train_every: int = setting(
-        0, "one training step after every K new groups ({default}: no training)", group=TRAINING
-    )
-    advantage: str = setting(
-        TrainSettings.advantage,
-        "vpo, entropic, grpo, multi_rlvr, max_at_k, gdpo, maxrl or rw_grpo ({default})",
-        group=TRAINING,
-    )
-    learning_rate: float = setting(
-        TrainSettings.learning_rate, "learning rate ({default})", flag="--lr", group=TRAINING
-    )
-    lora: bool = setting(TrainSettings.lora, "train a LoRA adapter", group=TRAINING)
-    lora_rank: int = setting(TrainSettings.lora_rank, "LoRA rank ({default})", group=TRAINING)
-    kl_beta: float = setting(TrainSettings.kl_beta, "KL weight ({default})", group=TRAINING)
-    dirichlet_weights: int = TrainSettings.dirichlet_weights
-    dirichlet_alpha: float = TrainSettings.dirichlet_alpha
-    micro_batch: int = TrainSettings.micro_batch
-    skip_zero_advantage: bool = TrainSettings.skip_zero_advantage
-    shared_prompt: bool = TrainSettings.shared_prompt
-    gradient_checkpointing: str = setting(
-        TrainSettings.gradient_checkpointing,
-        "recompute layer activations in the backward pass: auto (from 1B parameters), on or "
-        "off ({default})",
-        group=TRAINING,
-    )
-    duplicate_reward: str = setting(
-        TrainSettings.duplicate_reward,
-        "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
-        group=TRAINING,
-    )
-    format_reward: str = setting(
-        TrainSettings.format_reward,
-        "reward of a rollout whose m candidates did not all parse: partial (its parsed ones "
-        "score) or whole (nothing) ({default})",
-        group=TRAINING,
-    )
-    overlong_buffer: int = setting(
-        TrainSettings.overlong_buffer,
-        "tokens before max_tokens where a longer completion starts to lose its scores, "
-        "linearly, all of them at the limit (DAPO's soft overlong punishment); 0: off "
-        "({default})",
-        group=TRAINING,
-    )
-    reward_reference: str = setting(
-        TrainSettings.reward_reference,
-        "a set score measured against: none (absolute, as in the VPO paper), parent, island "
-        "or campaign (the gain over the front it held) ({default})",
-        group=TRAINING,
-    )
-    slot_cost: float = setting(
-        TrainSettings.slot_cost,
-        "a rollout's loss for its share of wasted slots (unparsed, lazy, failed, repeated) "
-        "({default}: off)",
-        group=TRAINING,
-    )
-    kl_budget: float = setting(
-        TrainSettings.kl_budget,
-        "the entropic advantage's KL(q || uniform) per group (default: ln 2)",
-        group=TRAINING,
-    )
-    warmup_samples: int = setting(
-        TrainSettings.warmup_samples,
-        "rollouts stored before the first training step, which then takes them all "
-        "({default}: none)",
-        group=TRAINING,
-    )
-    old_logprobs: str = setting(
-        TrainSettings.old_logprobs,
-        "the PPO ratio's old log-probs: auto, sampler or recompute ({default})",
-        group=TRAINING,
-    )
-    sample_after_step: str = setting(
-        "auto",
-        "wait for the step on a batch before sampling the next, so that each batch is sampled "
-        "by the newest version: auto (on for in-process backends), on or off ({default})",
-        group=TRAINING,
-    )
-    policy_dir: str | None = setting(
-        None, "where policy versions are saved (default: beside the database)", group=TRAINING
-    )
-    keep_versions: int = setting(
-        KEEP_VERSIONS,
-        "policy versions kept on disk, the newest, beside any in use ({default}; 0: all)",
-        group=TRAINING,
-    )
+    # training: how the policy learns, the [training] section of a file (its own flags)
+    training: TrainSettings = TrainSettings()
     # reporting: experiment trackers fed every iteration and training step
     report_to: tuple[str, ...] = setting(
         (),
@@ -318,48 +209,42 @@ class CampaignConfig:
             require(bool(self.base_url), "base_url", "the endpoint URL for the openai backend")
 
     def _check_training(self) -> None:
-        require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
-        require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
-        require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
-        require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
-        require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
+        """What training needs of the rest (the training settings check themselves)."""
+        training = self.training
         require(
-            self.duplicate_reward in DUPLICATE_REWARDS,
-            "duplicate_reward",
-            " or ".join(DUPLICATE_REWARDS),
-        )
-        require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
-        require(
-            0 <= self.overlong_buffer < self.max_tokens,
+            training.overlong_buffer < self.max_tokens,
             "overlong_buffer",
             f"a whole number from 0 to max_tokens - 1 ({self.max_tokens - 1})",
         )
-        require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
-        require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
-        measured = self.train_every and (self.reward_reference != "none" or self.slot_cost > 0)
-        require(
-            not measured or self.advantage in ("vpo", "entropic"),
-            "advantage",
-            "vpo or entropic when reward_reference or slot_cost is set",
-        )
-        require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
-        require(
-            self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
-        )
-        require(
-            self.gradient_checkpointing in GRADIENT_CHECKPOINTING,
-            "gradient_checkpointing",
-            ", ".join(GRADIENT_CHECKPOINTING),
-        )
-        require(self.sample_after_step in SWITCHES, "sample_after_step", ", ".join(SWITCHES))
         require(
             all(name in TRACKERS for name in self.report_to),
             "report_to",
             f"a list of {', '.join(TRACKERS)}, or none (got {', '.join(self.report_to)})",
         )
+        if not training.train_every:
+            return
+        require(
+            self.group_size >= 2,
+            "group_size",
+            "at least 2 when training (train_every > 0): an advantage compares the rollouts "
+            "of one prompt, and a group of one has none to compare",
+        )
+        if training.advantage in SINGLE_CANDIDATE_ADVANTAGES:
+            require(
+                self.candidates == 1,
+                "candidates",
+                f"1 with advantage {training.advantage!r}, which scores one candidate per "
+                "rollout (vpo and multi_rlvr score m)",
+            )
+        if self.backend == "openai":
+            require(
+                training.lora,
+                "lora",
+                "true when training (train_every > 0) with the openai backend: a server "
+                "takes each new policy version as a LoRA adapter",
+            )
 
     def _check_budget(self) -> None:
-        """The budgets, and what training needs of the rest."""
         require(
             self.max_total_tokens is None or self.max_total_tokens >= 1,
             "max_total_tokens",
@@ -372,55 +257,15 @@ class CampaignConfig:
                 "set together with price_prompt and price_completion (dollars per million "
                 "tokens): a cost needs prices",
             )
-        if self.train_every:
-            require(
-                self.group_size >= 2,
-                "group_size",
-                "at least 2 when training (train_every > 0): an advantage compares the rollouts "
-                "of one prompt, and a group of one has none to compare",
-            )
-            if self.advantage in SINGLE_CANDIDATE_ADVANTAGES:
-                require(
-                    self.candidates == 1,
-                    "candidates",
-                    f"1 with advantage {self.advantage!r}, which scores one candidate per "
-                    "rollout (vpo and multi_rlvr score m)",
-                )
-            if self.backend == "openai":
-                require(
-                    self.lora,
-                    "lora",
-                    "true when training (train_every > 0) with the openai backend: a server "
-                    "takes each new policy version as a LoRA adapter",
-                )
 
-    def training(self) -> TrainSettings:
-        """How this campaign trains its policy."""
-        return TrainSettings(
+    def sampling(self) -> Sampling:
+        """The model this campaign's policy starts from and how its rollouts are sampled."""
+        return Sampling(
             model=self.model,
-            advantage=self.advantage,
-            learning_rate=self.learning_rate,
-            lora=self.lora,
-            lora_rank=self.lora_rank,
-            kl_beta=self.kl_beta,
-            dirichlet_weights=self.dirichlet_weights,
-            dirichlet_alpha=self.dirichlet_alpha,
-            micro_batch=self.micro_batch,
             temperature=trained_temperature(self.temperature),
             top_p=self.top_p,
-            old_logprobs=self.old_logprobs,
             sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
             seed=self.seed,
-            duplicate_reward=self.duplicate_reward,
-            format_reward=self.format_reward,
-            overlong_buffer=self.overlong_buffer,
-            reward_reference=self.reward_reference,
-            slot_cost=self.slot_cost,
-            kl_budget=self.kl_budget,
-            warmup_samples=self.warmup_samples,
-            skip_zero_advantage=self.skip_zero_advantage,
-            shared_prompt=self.shared_prompt,
-            gradient_checkpointing=self.gradient_checkpointing,
         )
 
     @property
@@ -428,19 +273,35 @@ class CampaignConfig:
         return self.workers or os.cpu_count() or 1
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as stored: the campaign's, with its training as a table of its own."""
         return dataclasses.asdict(self)
 
+    def flat(self) -> dict[str, Any]:
+        """Every setting under its one name, the training ones among the rest."""
+        values = self.to_dict()
+        training = values.pop("training")
+        return values | training
+
     def to_toml(self) -> str:
-        lines = []
-        for name, value in self.to_dict().items():
-            if value is None:
-                lines.append(f"# {name} = (not set)")
-            else:
-                lines.append(f"{name} = {toml_value(value)}")
+        """A file that loads back as this config: the campaign's keys at the top, then
+        [training]."""
+        values = self.to_dict()
+        training = values.pop("training")
+        lines = [_toml_line(name, value) for name, value in values.items()]
+        lines += ["", "[training]", *(_toml_line(n, v) for n, v in training.items())]
         return "\n".join(lines) + "\n"
 
 
-KEYS = {f.name: f for f in fields(CampaignConfig)}
+def _toml_line(name: str, value: Any) -> str:
+    return f"# {name} = (not set)" if value is None else f"{name} = {toml_value(value)}"
+
+
+# Every setting has one name: the campaign's own, and its training's (the [training] table).
+CAMPAIGN_KEYS = {f.name: f for f in fields(CampaignConfig) if f.name != "training"}
+TRAINING_KEYS = {f.name: f for f in fields(TrainSettings)}
+KEYS = {**CAMPAIGN_KEYS, **TRAINING_KEYS}
+if len(KEYS) != len(CAMPAIGN_KEYS) + len(TRAINING_KEYS):
+    raise RuntimeError("harness.config.settings: a training setting shares a campaign's name")
 # A new float setting without a range would skip the finiteness check: refuse to import.
 if {name for name, f in KEYS.items() if str(f.type) == "float"} != set(FLOAT_RANGES) or {
     name for name, f in KEYS.items() if str(f.type) == "float | None"
@@ -451,15 +312,35 @@ if {name for name, f in KEYS.items() if str(f.type) == "float"} != set(FLOAT_RAN
 
 
 def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
-    """The config from layers applied in order (stored, then file, then flags); None means unset."""
+    """The config from layers applied in order (stored, then file, then flags); None means
+    unset. A layer names each setting by its one name, or holds the training ones in a
+    "training" table (as a campaign stores them); a campaign stored before the training
+    settings had their table holds them among the rest, and reads the same."""
     merged: dict[str, Any] = {}
     for layer in layers:
-        for key, value in layer.items():
+        for key, value in _spread(layer, where).items():
             if key not in KEYS:
                 raise UserError(f"unknown key {key!r} in {where}{nearest(key, KEYS)}")
             if value is not None:
                 merged[key] = _coerce(key, value)
-    return CampaignConfig(**merged)
+    training = TrainSettings(**{k: merged.pop(k) for k in list(merged) if k in TRAINING_KEYS})
+    return CampaignConfig(**merged, training=training)
+
+
+def _spread(layer: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`layer` with its "training" table, if any, spread among its other keys."""
+    flat = {key: value for key, value in layer.items() if key != "training"}
+    table = layer.get("training")
+    if table is None:
+        return flat
+    if not isinstance(table, Mapping):
+        raise UserError(f"'training' in {where} must be a table of training settings")
+    for key, value in table.items():
+        if key not in TRAINING_KEYS:
+            hint = nearest(key, TRAINING_KEYS)
+            raise UserError(f"unknown training key {key!r} in {where}{hint}")
+        flat[key] = value
+    return flat
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -495,6 +376,7 @@ def _coerce(key: str, value: Any) -> Any:
 
 def _check_floats(config: CampaignConfig) -> None:
     for key in FLOAT_RANGES:
-        check_float(key, getattr(config, key))
+        if key not in TrainSettings.__dataclass_fields__:  # those check themselves
+            check_float(key, getattr(config, key))
     for key in POSITIVE_FLOATS:
         check_positive(key, getattr(config, key))

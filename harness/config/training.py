@@ -1,74 +1,221 @@
 """How a policy learns, wherever it is trained (inside a campaign, beside workers, offline on a
-campaign's groups, by RL on an answer problem), and the offline and answer-problem commands'
-settings. `CampaignConfig` takes its training defaults from here."""
+campaign's groups, by RL on an answer problem): `TrainSettings`, which a campaign holds whole as
+its `training`; `Sampling`, what a step needs to know of the model and its rollouts; and the
+offline and answer-problem commands' settings around them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.config.values import TRAINING, check_float, require, setting
+
+# Kept here rather than imported from trainer/, so reading a config never imports torch.
+ADVANTAGES = ("vpo", "entropic", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
+SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
+DUPLICATE_REWARDS = ("zero", "keep")
+FORMAT_REWARDS = ("partial", "whole")
+# What a group's set score is measured against (harness/learning/rewards.py `references`).
+REFERENCES = ("none", "parent", "island", "campaign")
+OLD_LOGPROBS = ("auto", "sampler", "recompute")
+GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
+SWITCHES = ("auto", "on", "off")
+# Policy versions kept on disk: the newest (a resume needs its optimiser state), a worker's or
+# server's previous one, and one to spare (harness/learning/publish.py, docs/training.md).
+KEEP_VERSIONS = 3
+# The embedded SmolLM2-135M-Instruct; any HF id or folder works.
+DEFAULT_MODEL = "smollm2"
+# What a rollout is paid by (harness/learning/rewards.py `to_group`): offline training on a
+# campaign's groups scores them by the campaign's rules.
+REWARD_RULES = ("duplicate_reward", "format_reward", "overlong_buffer", "reward_reference",
+                "slot_cost")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a step needs beside `TrainSettings`: the model a policy starts from, how its
+    rollouts were sampled (log-probs are of logits / temperature within the nucleus top_p, as
+    the sampler's were), the longest prompt + completion it trains on, and the seed. A
+    campaign's comes from its own settings (`CampaignConfig.sampling`)."""
+
+    model: str = DEFAULT_MODEL
+    temperature: float = 1.0
+    top_p: float = 1.0
+    # A longer rollout's completion is cut (and counted).
+    sequence_tokens: int = 4096
+    seed: int = 0
+
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """How a policy learns, wherever it is trained: inside a campaign, beside workers
-    (`vpo train --follow`), offline on a campaign's groups, by RL on an answer problem. Its
-    defaults are also the campaign's."""
+    """How a policy learns, wherever it is trained: inside a campaign (the [training] section of
+    its file, `CampaignConfig.training`), beside workers (`vpo train --follow`), offline on a
+    campaign's groups (`vpo train --db`), by RL on an answer problem (`vpo train --problem`).
+    Each field made with `setting` is a flag of `vpo run` and, unless `campaign_only`, of
+    `vpo train`."""
 
-    model: str = "smollm2"  # the embedded SmolLM2-135M-Instruct; any HF id or folder works
-    # vpo | entropic | grpo | multi_rlvr | max_at_k | gdpo | maxrl | rw_grpo
-    advantage: str = "vpo"
-    learning_rate: float = 1e-6  # the VPO paper's full fine-tuning rate
-    lora: bool = False  # train a LoRA adapter instead of every weight
-    lora_rank: int = 16
-    kl_beta: float = 1e-3  # weight of the k3 KL to the initial policy
+    # One policy step after every `train_every` new groups (0: never); with --follow, the
+    # groups each step takes.
+    train_every: int = setting(
+        0, "one training step after every K new groups ({default}: no training)", group=TRAINING
+    )
+    advantage: str = setting(
+        "vpo",
+        "vpo, entropic, grpo, multi_rlvr, max_at_k, gdpo, maxrl or rw_grpo ({default})",
+        group=TRAINING,
+    )
+    learning_rate: float = setting(
+        1e-6, "learning rate ({default})", flag="--lr", group=TRAINING
+    )  # the VPO paper's full fine-tuning rate
+    lora: bool = setting(False, "train a LoRA adapter", group=TRAINING)
+    lora_rank: int = setting(16, "LoRA rank ({default})", group=TRAINING)
+    kl_beta: float = setting(
+        1e-3, "KL weight ({default})", group=TRAINING
+    )  # weight of the k3 KL to the initial policy
     dirichlet_weights: int = 100  # K weight vectors per group (VPO)
     dirichlet_alpha: float = 1.0
-    micro_batch: int = 8  # rollouts per forward/backward pass
-    temperature: float = 1.0  # what the rollouts were sampled at: log-probs are of logits / T
-    top_p: float = 1.0  # the nucleus they were sampled with (the PPO ratio compares the same)
-    # The PPO ratio's old log-probs: "auto" (the sampler's where a rollout has them, so the clip
-    # acts on groups an older policy version sampled; recomputed elsewhere), "sampler" (required)
-    # or "recompute" (the current weights': ratio 1, the clip never acts).
-    old_logprobs: str = "auto"
-    # Longest prompt + completion trained on; a longer rollout's completion is cut (and counted).
-    sequence_tokens: int = 4096
-    seed: int = 0
-    # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
-    # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
-    duplicate_reward: str = "zero"
-    # A rollout whose m candidates did not all parse: "partial" (its parsed candidates score, as
-    # in the VPO paper) or "whole" (it scores nothing: a set reward takes the best candidate's
-    # score, so "partial" pays a rollout of one good candidate what it pays one of m, and the
-    # format can drift; benchmarks/results/discovery.md).
-    format_reward: str = "partial"
-    # Soft overlong punishment (after DAPO, Yu et al. 2025, arXiv 2503.14476): a completion
-    # longer than max_tokens - this loses a share of every score, linearly, all of it at the
-    # limit; 0: off. Without it, a set reward that favours longer expressions grows the answers
-    # into the limit (benchmarks/results/discovery_vpo_256_tokens.md).
-    overlong_buffer: int = 0
-    # What a group's set score is measured against (vpo, entropic): "none" (the VPO paper's
-    # absolute scores: a stored family earns its score again each time it is rewritten),
-    # "parent" (the gain over the parent's vector under each weighting), "island" or
-    # "campaign" (the R2 gain over the front its island or the campaign held before the
-    # group). harness/learning/rewards.py.
-    reward_reference: str = "none"
-    # Each rollout loses this times the share of its m candidate slots that brought nothing
-    # (missing, unparsed, lazy, failed, or a repeat within the rollout); 0: off.
-    slot_cost: float = 0.0
-    # entropic: KL(q || uniform) of each group's weights q = softmax(beta R) (TTT-Discover's
-    # ln 2, arXiv 2601.16175).
-    kl_budget: float = 0.6931471805599453
-    # Rollouts a campaign stores before its first step, which then takes all of them
-    # (DecAEvolve and PiT-PO wait for about 200 samples); 0: the first step after K groups.
-    warmup_samples: int = 0
+    micro_batch: int = setting(8, "rollouts per forward/backward pass ({default})", group=TRAINING)
     # Rollouts whose advantage is exactly 0 (flat groups) skip the forward/backward; a step of
     # only those takes no optimiser step (trainer.train.TrainConfig.skip_zero_advantage).
     skip_zero_advantage: bool = True
     # Each group's prompt runs forward and backward once for all its rollouts (packed under a
     # block mask), not once per rollout (trainer.train.TrainConfig.shared_prompt).
-    shared_prompt: bool = True
-    # Activation checkpointing of the decoder layers: "auto" (on from 1B parameters), on, off.
-    gradient_checkpointing: str = "auto"
+    shared_prompt: bool = setting(
+        True,
+        "train every rollout in a row of its own, its prompt run once per rollout (default: "
+        "each group's prompt runs once for all its rollouts; the same step)",
+        group=TRAINING,
+    )
+    gradient_checkpointing: str = setting(
+        "auto",
+        "recompute layer activations in the backward pass: auto (from 1B parameters), on or "
+        "off ({default})",
+        group=TRAINING,
+    )
+    # The reward of a candidate that repeats its parent or a stored program: "zero" (it earns
+    # nothing, so RL does not learn that copying is safe) or "keep" (that program's scores).
+    duplicate_reward: str = setting(
+        "zero",
+        "reward of a candidate repeating its parent or a stored program: zero or keep ({default})",
+        group=TRAINING,
+    )
+    # A rollout whose m candidates did not all parse: "partial" (its parsed candidates score, as
+    # in the VPO paper) or "whole" (it scores nothing: a set reward takes the best candidate's
+    # score, so "partial" pays a rollout of one good candidate what it pays one of m, and the
+    # format can drift; benchmarks/results/discovery.md).
+    format_reward: str = setting(
+        "partial",
+        "reward of a rollout whose m candidates did not all parse: partial (its parsed ones "
+        "score) or whole (nothing) ({default})",
+        group=TRAINING,
+    )
+    # Soft overlong punishment (after DAPO, Yu et al. 2025, arXiv 2503.14476): a completion
+    # longer than max_tokens - this loses a share of every score, linearly, all of it at the
+    # limit; 0: off. Without it, a set reward that favours longer expressions grows the answers
+    # into the limit (benchmarks/results/discovery_vpo_256_tokens.md).
+    overlong_buffer: int = setting(
+        0,
+        "tokens before max_tokens where a longer completion starts to lose its scores, "
+        "linearly, all of them at the limit (DAPO's soft overlong punishment); 0: off "
+        "({default})",
+        group=TRAINING,
+    )
+    # What a group's set score is measured against (vpo, entropic): "none" (the VPO paper's
+    # absolute scores: a stored family earns its score again each time it is rewritten),
+    # "parent" (the gain over the parent's vector under each weighting), "island" or
+    # "campaign" (the R2 gain over the front its island or the campaign held before the
+    # group). harness/learning/rewards.py.
+    reward_reference: str = setting(
+        "none",
+        "a set score measured against: none (absolute, as in the VPO paper), parent, island "
+        "or campaign (the gain over the front it held) ({default})",
+        group=TRAINING,
+    )
+    # Each rollout loses this times the share of its m candidate slots that brought nothing
+    # (missing, unparsed, lazy, failed, or a repeat within the rollout); 0: off.
+    slot_cost: float = setting(
+        0.0,
+        "a rollout's loss for its share of wasted slots (unparsed, lazy, failed, repeated) "
+        "({default}: off)",
+        group=TRAINING,
+    )
+    # entropic: KL(q || uniform) of each group's weights q = softmax(beta R) (TTT-Discover's
+    # ln 2, arXiv 2601.16175).
+    kl_budget: float = setting(
+        0.6931471805599453,
+        "the entropic advantage's KL(q || uniform) per group (default: ln 2)",
+        group=TRAINING,
+    )
+    # Rollouts a campaign stores before its first step, which then takes all of them
+    # (DecAEvolve and PiT-PO wait for about 200 samples); 0: the first step after K groups.
+    warmup_samples: int = setting(
+        0,
+        "rollouts stored before the first training step, which then takes them all "
+        "({default}: none)",
+        group=TRAINING,
+        campaign_only=True,
+    )
+    # The PPO ratio's old log-probs: "auto" (the sampler's where a rollout has them, so the clip
+    # acts on groups an older policy version sampled; recomputed elsewhere), "sampler" (required)
+    # or "recompute" (the current weights': ratio 1, the clip never acts).
+    old_logprobs: str = setting(
+        "auto",
+        "the PPO ratio's old log-probs: auto, sampler or recompute ({default})",
+        group=TRAINING,
+    )
+    sample_after_step: str = setting(
+        "auto",
+        "wait for the step on a batch before sampling the next, so that each batch is sampled "
+        "by the newest version: auto (on for in-process backends), on or off ({default})",
+        group=TRAINING,
+        campaign_only=True,
+    )
+    policy_dir: str | None = setting(
+        None,
+        "where policy versions are saved (default: beside the database)",
+        group=TRAINING,
+        campaign_only=True,
+    )
+    keep_versions: int = setting(
+        KEEP_VERSIONS,
+        "policy versions kept on disk, the newest, beside any in use ({default}; 0: all)",
+        group=TRAINING,
+        campaign_only=True,
+    )
+
+    def __post_init__(self) -> None:
+        for key in ("learning_rate", "kl_beta", "slot_cost", "kl_budget", "dirichlet_alpha"):
+            check_float(key, getattr(self, key))
+        require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
+        require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
+        require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
+        require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
+        require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
+        require(
+            self.duplicate_reward in DUPLICATE_REWARDS,
+            "duplicate_reward",
+            " or ".join(DUPLICATE_REWARDS),
+        )
+        require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
+        require(self.overlong_buffer >= 0, "overlong_buffer", "a whole number >= 0 (0: off)")
+        require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
+        require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
+        measured = self.train_every and (self.reward_reference != "none" or self.slot_cost > 0)
+        require(
+            not measured or self.advantage in ("vpo", "entropic"),
+            "advantage",
+            "vpo or entropic when reward_reference or slot_cost is set",
+        )
+        require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
+        require(
+            self.keep_versions >= 0, "keep_versions", "a whole number >= 0 (0: keep every version)"
+        )
+        require(
+            self.gradient_checkpointing in GRADIENT_CHECKPOINTING,
+            "gradient_checkpointing",
+            ", ".join(GRADIENT_CHECKPOINTING),
+        )
+        require(self.sample_after_step in SWITCHES, "sample_after_step", ", ".join(SWITCHES))
 
 
 # A LoRA adapter learns through far fewer weights: `vpo train --lora` starts from this rate.
@@ -95,6 +242,7 @@ class OfflineSettings:
 
     out: Path
     training: TrainSettings = TrainSettings()
+    sampling: Sampling = Sampling()
     steps: int | None = None  # default: one pass over the groups
     groups_per_step: int = 8
 
@@ -108,7 +256,8 @@ class AnswerSettings:
     """`vpo train --problem`: RL on an answer problem (harness/learning/answers.py)."""
 
     out: Path
-    training: TrainSettings = ANSWER_TRAINING  # its temperature is also the sampling one
+    training: TrainSettings = ANSWER_TRAINING
+    sampling: Sampling = Sampling()  # its temperature is also the sampling one
     steps: int = 20
     prompts_per_step: int = 4
     group_size: int = 8

@@ -1,17 +1,23 @@
-"""Setting values: the ranges of the float settings, the checks that name a bad value in one
-line, the "did you mean" hint, and TOML writing of a value."""
+"""Setting values: how a setting is declared (`setting`, with its flag and help), the ranges of
+the float settings, the checks that name a bad value in one line, the "did you mean" hint, and
+TOML writing of a value."""
 
 from __future__ import annotations
 
 import difflib
 import math
 from collections.abc import Iterable
+from dataclasses import field
 from typing import Any
 
 from harness.config.errors import UserError
 
+# The groups of flags in `vpo run --help`.
+SETTINGS = "settings (override the config file and the stored campaign)"
+TRAINING = "training (VPO inside the campaign)"
+REPORTING = "reporting and budgets (run settings: change them freely on resume)"
+
 POSITIVE_FLOATS = ("price_prompt", "price_completion", "max_cost")
-MAX_POSITIVE = 1e12
 MAX_POSITIVE = 1e12
 
 # Every float setting's range, checked in one place (`check_float`): (low, high, whether low
@@ -30,6 +36,26 @@ FLOAT_RANGES: dict[str, tuple[float, float, bool, str]] = {
     "dirichlet_alpha": (0.0, 1e6, False, "a number in (0, 1e6]"),
     "near_duplicate": (0.0, 1.0, False, "a number in (0, 1] (1: off)"),
 }
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    short: str | None = None,
+    group: str = SETTINGS,
+    campaign_only: bool = False,
+) -> Any:
+    """A setting that the commands take as a flag: `--name-with-dashes` (or `flag`, and `short`
+    beside it; a switch that is on by default is `--no-name`), shown in the help under `group`
+    with `help`, in which `{default}` stands for the default. A training setting that only a
+    campaign's loop reads is `campaign_only`: `vpo train` has no flag for it. A field made
+    without this has no flag (a file or the stored campaign sets it)."""
+    metadata = {
+        "help": help, "flag": flag, "short": short, "group": group, "campaign_only": campaign_only,
+    }  # fmt: skip
+    return field(default=default, metadata=metadata)
 
 
 def nearest(name: str, known: Iterable[str], shown: str = "{!r}") -> str:

@@ -123,8 +123,8 @@ def prompt_budget(config: CampaignConfig, generator: Generator) -> PromptBudget 
                 f"{context} tokens; lower --max-tokens"
             )
         limits.append((room, f"{source} {context} - max_tokens {config.max_tokens}"))
-    if config.train_every:
-        length = config.training().sequence_tokens
+    if config.training.train_every:
+        length = config.sampling().sequence_tokens
         why = f"the training length {length} - max_tokens {config.max_tokens}"
         limits.append((length - config.max_tokens, why))
     if not limits:

@@ -142,7 +142,10 @@ def run_campaign(
                 elif generator is None:
                     generator = base_generator(config)
                 stopped = evolve(campaign, generator, on_progress, say=say)
-            elif config.train_every and store.untrained_count(campaign_id) >= config.train_every:
+            elif (
+                config.training.train_every
+                and store.untrained_count(campaign_id) >= config.training.train_every
+            ):
                 # Killed after recording its last iteration, before training on the last
                 # groups: train on them now (no generator to start, nothing left to sample).
                 campaign.trainer = start_trainer(
@@ -150,10 +153,10 @@ def run_campaign(
                 )
                 if train_waiting_groups(campaign, None) and on_progress:
                     on_progress(config.iterations, campaign.progress)
-            if config.train_every:
+            if config.training.train_every:
                 # The groups after the last step wait for an extended run (a step is worth its
                 # cost only when rollouts are sampled from it): say how many.
-                note = untrained_note(store, campaign_id, config.train_every)
+                note = untrained_note(store, campaign_id, config.training.train_every)
                 if note is not None:
                     (say or log.info)(note)
         store.set_campaign_status(campaign_id, "finished", stopped)
@@ -326,9 +329,9 @@ def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:
     engine shares the trainer's process (its cores, or its GPU), which idles while a step runs
     either way, so waiting costs only the overlap of one batch's evaluation with the next
     one's generation; no for a server."""
-    if config.sample_after_step == "auto":
+    if config.training.sample_after_step == "auto":
         return generator.in_process
-    return config.sample_after_step == "on"
+    return config.training.sample_after_step == "on"
 
 
 def _store_and_report(

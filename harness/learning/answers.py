@@ -115,29 +115,29 @@ def train_answers(
     settings: AnswerSettings,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train `settings.training.model` with RL on `problem`; write the model and a report to
+    """Train `settings.sampling.model` with RL on `problem`; write the model and a report to
     `out`."""
     from harness.learning.offline import settings_json
     from harness.learning.training import load_policy
     from harness.llm.transformers_backend import TransformersGenerator
 
-    training = replace(settings.training, sequence_tokens=settings.max_tokens + PROMPT_TOKENS)
-    settings = replace(settings, training=training)
-    policy, config = load_policy(training)
+    sampled = replace(settings.sampling, sequence_tokens=settings.max_tokens + PROMPT_TOKENS)
+    settings = replace(settings, sampling=sampled)
+    policy, config = load_policy(settings.training, sampled)
     # The generator samples from the very model being trained: each step is seen at once.
     generator = TransformersGenerator(
-        training.model, hf_model=policy.model, tokenizer=policy.tokenizer
+        sampled.model, hf_model=policy.model, tokenizer=policy.tokenizer
     )
     evals: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
 
     def run_eval(step: int) -> None:
-        report = evaluate_policy(problem, generator, settings, seed=training.seed + 7919 * step)
+        report = evaluate_policy(problem, generator, settings, seed=sampled.seed + 7919 * step)
         report["step"] = step
         evals.append(report)
         say(eval_line(f"after step {step}" if step else "before training", report))
 
-    order = np.random.default_rng(training.seed).permutation(settings.train_size)
+    order = np.random.default_rng(sampled.seed).permutation(settings.train_size)
     per_step = settings.prompts_per_step
     run_eval(0)
     for step in range(1, settings.steps + 1):
@@ -155,7 +155,7 @@ def train_answers(
     out = policy.save_merged(settings.out)
     report = {
         "problem": problem.name,
-        "base_model": training.model,
+        "base_model": sampled.model,
         "settings": settings_json(settings),
         "steps": steps,
         "evals": evals,
@@ -178,19 +178,19 @@ def _rl_step(
     from trainer.train import Group, Rollout
 
     started = time.perf_counter()
-    training, m = settings.training, settings.candidates
+    sampled, m = settings.sampling, settings.candidates
     step = policy.step + 1
     instances = [problem.instance("train", i) for i in picks]
     samples = _sample(
         problem, generator, instances, m, settings.group_size,
-        training.temperature, settings.max_tokens, training.seed * 1_000_003 + step,
+        sampled.temperature, settings.max_tokens, sampled.seed * 1_000_003 + step,
     )  # fmt: skip
     generated = time.perf_counter() - started
     groups = [
         _group(problem, instance, completions, m, Group, Rollout)
         for instance, completions in zip(instances, samples, strict=True)
     ]
-    metrics = seeded_step(policy, config, groups, seed=training.seed * 7_919 + step)
+    metrics = seeded_step(policy, config, groups, seed=sampled.seed * 7_919 + step)
     return metrics, metrics.as_dict() | {
         "generation_seconds": generated,
         "mean_reward": float(

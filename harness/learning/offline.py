@@ -54,11 +54,11 @@ def follow(
     if not parallel.main:
         say = _silent
     stored = build(campaign.config, where="the campaign's settings")
-    every = overrides.get("train_every") or stored.train_every or FOLLOW_EVERY
+    every = overrides.get("train_every") or stored.training.train_every or FOLLOW_EVERY
     changes = {**overrides, "train_every": every, "backend": "transformers"}
     config = build(campaign.config, changes, where="the campaign's settings")
     on_server = stored.backend == "openai"
-    if on_server and not config.lora:
+    if on_server and not config.training.lora:
         raise UserError(
             f"the workers of campaign {campaign.name!r} sample from a server, which takes new "
             "policy versions only as LoRA adapters: give --lora"
@@ -129,7 +129,7 @@ def train_offline(
     parallel: Parallel | None = None,
     max_tokens: int = 0,
 ) -> list[StepMetrics]:
-    """Fine-tune `settings.training.model` on the campaign's groups (all of them, in iteration
+    """Fine-tune `settings.sampling.model` on the campaign's groups (all of them, in iteration
     order, cycling when `steps` asks for more) and write a model folder any backend loads.
     `max_tokens`: the campaign's, for the overlong punishment."""
     import json
@@ -147,12 +147,10 @@ def train_offline(
                 t,
                 objectives,
                 candidates,
-                training.duplicate_reward,
+                training,
+                max_tokens=max_tokens,
                 versions=False,
-                format_reward=training.format_reward,
-                overlong=(training.overlong_buffer, max_tokens),
                 reference=against.get(t.id),
-                slot_cost=training.slot_cost,
             )
             for t in stored
         )
@@ -165,12 +163,12 @@ def train_offline(
     steps = settings.steps if settings.steps is not None else len(batches)
     parallel = parallel or Parallel()
     rank, processes = parallel.rank, parallel.world
-    policy, config = load_policy(training, parallel=parallel)
+    policy, config = load_policy(training, settings.sampling, parallel=parallel)
     history = []
     for index in range(steps):
         # Each process takes its share of each batch; the wrapper sums the gradients.
         share = batches[index % len(batches)][rank::processes]
-        seed = training.seed * 1_000_003 + index
+        seed = settings.sampling.seed * 1_000_003 + index
         metrics = seeded_step(policy, config, share, seed=seed)
         history.append(metrics)
         if on_step is not None and parallel.main:
@@ -180,7 +178,7 @@ def train_offline(
         report = {
             "campaign_id": campaign_id,
             "database": store.where,
-            "base_model": training.model,
+            "base_model": settings.sampling.model,
             "objectives": objectives,
             "groups": len(groups),
             "processes": processes,
@@ -195,8 +193,8 @@ def train_offline(
 
 
 def settings_json(settings: Any) -> dict[str, Any]:
-    """A settings dataclass for a report: its `training` spread among its own fields, paths
-    as text."""
-    flat = {k: v for k, v in asdict(settings).items() if k != "training"}
-    flat |= asdict(settings.training)
+    """A settings dataclass for a report: its `training` and `sampling` spread among its own
+    fields, paths as text."""
+    flat = {k: v for k, v in asdict(settings).items() if k not in ("training", "sampling")}
+    flat |= asdict(settings.training) | asdict(settings.sampling)
     return {k: str(v) if isinstance(v, Path) else v for k, v in flat.items()}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from harness.config.training import TrainSettings
 from harness.records import TrainingGroup, TrainingRollout
 
 if TYPE_CHECKING:
@@ -28,48 +29,50 @@ def to_group(
     stored: TrainingGroup,
     objectives: list[str],
     candidates: int,
-    duplicate_reward: str = "zero",
+    rules: TrainSettings | None = None,
     *,
+    max_tokens: int = 0,
     versions: bool = True,
-    format_reward: str = "partial",
-    overlong: tuple[int, int] = (0, 0),
     reference: np.ndarray | None = None,
-    slot_cost: float = 0.0,
 ) -> Group | None:
-    """The (G, m, d) score matrix and mask of a stored group; slots without a program are
-    masked out, so they never enter the max (a failed program's zeros are kept: per-objective
-    partial credit is part of the vector reward). With `duplicate_reward` "zero", a lazy
-    candidate (its parent or a stored program repeated) scores zeros; its stored evaluation is
-    untouched. With `format_reward` "whole", a rollout whose m candidates did not all parse has
-    every slot masked out: it scores nothing. `overlong` (buffer, max_tokens), a soft overlong
-    punishment after DAPO's: a completion of L tokens past max_tokens - buffer loses the share
-    (L - max_tokens + buffer) / buffer of every score, all of them at the limit (scores stay
-    >= 0, so DAPO's additive -1 becomes a factor). `versions` off: the trained
-    policy's steps are not the campaign's policy versions (offline training starts a model of
-    its own), so the rollouts' versions are left out. `reference` (P, d): the vectors the set
-    score is measured against (`references`). `slot_cost`: each rollout loses this times the
-    share of its m slots that were wasted (`wasted_slots`)."""
+    """The (G, m, d) score matrix and mask of a stored group, under the reward rules of `rules`;
+    slots without a program are masked out, so they never enter the max (a failed program's
+    zeros are kept: per-objective partial credit is part of the vector reward).
+
+    With `duplicate_reward` "zero", a lazy candidate (its parent or a stored program repeated)
+    scores zeros; its stored evaluation is untouched. With `format_reward` "whole", a rollout
+    whose m candidates did not all parse has every slot masked out: it scores nothing.
+    `overlong_buffer`, a soft overlong punishment after DAPO's: a completion of L tokens past
+    `max_tokens` - buffer loses the share (L - max_tokens + buffer) / buffer of every score, all
+    of them at the limit (scores stay >= 0, so DAPO's additive -1 becomes a factor).
+    `slot_cost`: each rollout loses this times the share of its m slots that were wasted
+    (`wasted_slots`). `versions` off: the trained policy's steps are not the campaign's policy
+    versions (offline training starts a model of its own), so the rollouts' versions are left
+    out. `reference` (P, d): the vectors the set score is measured against (`references`).
+    Without `rules`, the defaults: the VPO paper's."""
     from trainer.train import Group, Rollout
 
     if not stored.rollouts:
         return None
+    rules = rules or TrainSettings()
     scores = np.zeros((len(stored.rollouts), candidates, len(objectives)))
     mask = np.zeros((len(stored.rollouts), candidates), dtype=bool)
     for i, rollout in enumerate(stored.rollouts):
         slots = rollout.candidates[:candidates]
-        whole = not (format_reward == "whole" and (len(slots) < candidates or None in slots))
+        whole = not (rules.format_reward == "whole" and (len(slots) < candidates or None in slots))
         for j, slot in enumerate(slots if whole else ()):
             if slot is None:
                 continue
             mask[i, j] = True
             lazy = j < len(rollout.lazy) and rollout.lazy[j]
-            if not (lazy and duplicate_reward == "zero"):
+            if not (lazy and rules.duplicate_reward == "zero"):
                 scores[i, j] = [slot.get(name, 0.0) for name in objectives]
-        scores[i] *= 1 - overlong_penalty(len(rollout.token_ids), *overlong)
+        length = len(rollout.token_ids)
+        scores[i] *= 1 - overlong_penalty(length, rules.overlong_buffer, max_tokens)
     cost = None
-    if slot_cost:
+    if rules.slot_cost:
         share = [wasted_slots(r, candidates) / candidates for r in stored.rollouts]
-        cost = slot_cost * np.array(share)
+        cost = rules.slot_cost * np.array(share)
     return Group(
         reference=reference,
         cost=cost,

@@ -92,9 +92,10 @@ def metric_name(name: str) -> str:
 
 
 def parameters(config: CampaignConfig) -> dict[str, str | int | float | bool]:
-    """The campaign's settings as flat scalar parameters (lists joined, unset ones empty)."""
+    """The campaign's settings as flat scalar parameters, the training ones among the rest
+    under their one names (lists joined, unset ones empty)."""
     flat: dict[str, str | int | float | bool] = {}
-    for key, value in config.to_dict().items():
+    for key, value in config.flat().items():
         if value is None:
             value = ""
         elif isinstance(value, list | tuple):

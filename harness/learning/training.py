@@ -1,7 +1,7 @@
 """The bridge to trainer/: one training setup for every way the policy is trained, with groups
 from the store as tensors.
 
-    policy, train_config = load_policy(settings)  # TrainSettings -> what a step needs
+    policy, train_config = load_policy(settings, sampling)  # -> what a step needs
     metrics = seeded_step(policy, train_config, groups, seed=1)
 
 Inside a campaign, one step on the oldest unused groups after every K new ones:
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from harness import faults
 from harness.config.errors import UserError
 from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig
-from harness.config.training import TrainSettings
+from harness.config.training import Sampling, TrainSettings
 from harness.learning.publish import (
     check_trainable_endpoint,
     prune_versions,
@@ -66,13 +66,14 @@ if TYPE_CHECKING:
 
 def load_policy(
     settings: TrainSettings,
+    sampling: Sampling,
     *,
     resume: str | None = None,
     device: str | None = None,
     parallel: Parallel | None = None,
 ) -> tuple[Policy, TrainConfig]:
     """The policy to train and the config of its step: the version saved in folder `resume`,
-    else `settings.model` afresh (with a frozen reference only when the KL term is on). A
+    else `sampling.model` afresh (with a frozen reference only when the KL term is on). A
     model that cannot be loaded is a UserError."""
     import torch
 
@@ -87,7 +88,7 @@ def load_policy(
         device = parallel.device
     # A LoRA adapter's initial A matrices are random: the same on every process (FSDP shards
     # each process's own copy) and in every run of the same seed.
-    torch.manual_seed(settings.seed)
+    torch.manual_seed(sampling.seed)
     try:
         if resume is None:
             config = PolicyConfig(
@@ -98,7 +99,7 @@ def load_policy(
                 gradient_checkpointing=settings.gradient_checkpointing,
                 device=device,
             )
-            policy = Policy.load(settings.model, config, parallel=parallel)
+            policy = Policy.load(sampling.model, config, parallel=parallel)
         else:
             policy = Policy.resume(resume, device=device, parallel=parallel)
     except (ModelError, ParallelError) as error:
@@ -110,10 +111,10 @@ def load_policy(
         alpha=settings.dirichlet_alpha,
         loss=LossConfig(beta=settings.kl_beta),
         micro_batch=settings.micro_batch,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
         old_logprobs=settings.old_logprobs,
-        max_tokens=settings.sequence_tokens,
+        max_tokens=sampling.sequence_tokens,
         skip_zero_advantage=settings.skip_zero_advantage,
         shared_prompt=settings.shared_prompt,
     )
@@ -147,9 +148,10 @@ class CampaignTrainer:
 
     store: Store
     campaign_id: int
-    every: int
+    settings: TrainSettings  # its train_every, reward rules and versions kept among them
     objectives: list[str]
     candidates: int
+    max_tokens: int  # the campaign's, where the overlong punishment ends
     seed: int
     policy: Policy
     config: TrainConfig
@@ -159,24 +161,16 @@ class CampaignTrainer:
     # The first version whose weights differ from the starting ones (its step trained some
     # rollout): the rollouts it and later versions sample count as sampled by trained weights.
     changed_from: int | None = None
-    duplicate_reward: str = "zero"  # see TrainSettings
-    format_reward: str = "partial"  # see TrainSettings
-    overlong_buffer: int = 0  # see TrainSettings
-    reward_reference: str = "none"  # see TrainSettings
-    slot_cost: float = 0.0  # see TrainSettings
-    warmup_samples: int = 0  # see TrainSettings
-    max_tokens: int = 0  # the campaign's, where the overlong punishment ends
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
-    keep_versions: int = 0  # the newest versions kept on disk (0: all); see CampaignConfig
 
 
 def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> Path:
     """`policy_dir`, or beside a SQLite file (`runs/x.db` -> `runs/x.policies/NAME`), or
     `./policies/NAME` for a server database."""
-    if config.policy_dir:
-        return Path(config.policy_dir).expanduser()
+    if config.training.policy_dir:
+        return Path(config.training.policy_dir).expanduser()
     url = store.engine.url
     if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
         database = Path(url.database)
@@ -193,12 +187,15 @@ def start_trainer(
     parallel: Parallel | None = None,
 ) -> CampaignTrainer | None:
     """The policy of the campaign: its last recorded version, else `config.model` afresh."""
-    if not config.train_every:
+    if not config.training.train_every:
         return None
     latest = store.latest_policy(campaign_id)
     changed = store.first_changed_policy(campaign_id)
     policy, train_config = load_policy(
-        config.training(), resume=None if latest is None else latest.path, parallel=parallel
+        config.training,
+        config.sampling(),
+        resume=None if latest is None else latest.path,
+        parallel=parallel,
     )
     if latest is not None and policy.step != latest.step:
         raise UserError(
@@ -208,9 +205,10 @@ def start_trainer(
     return CampaignTrainer(
         store=store,
         campaign_id=campaign_id,
-        every=config.train_every,
+        settings=config.training,
         objectives=objectives,
         candidates=config.candidates,
+        max_tokens=config.max_tokens,
         seed=config.seed,
         policy=policy,
         config=train_config,
@@ -218,14 +216,6 @@ def start_trainer(
         name=campaign_name,
         version_id=None if latest is None else latest.id,
         changed_from=None if changed is None else changed.id,
-        duplicate_reward=config.duplicate_reward,
-        format_reward=config.format_reward,
-        overlong_buffer=config.overlong_buffer,
-        reward_reference=config.reward_reference,
-        slot_cost=config.slot_cost,
-        warmup_samples=config.warmup_samples,
-        max_tokens=config.max_tokens,
-        keep_versions=config.keep_versions,
     )
 
 
@@ -337,7 +327,11 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
         stored = _waiting_groups(trainer)
         if stored is not None:
             against = references(
-                store, trainer.campaign_id, stored, trainer.objectives, trainer.reward_reference
+                store,
+                trainer.campaign_id,
+                stored,
+                trainer.objectives,
+                trainer.settings.reward_reference,
             )
     stored, against = parallel.broadcast((stored, against))
     if stored is None:
@@ -347,11 +341,9 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
             g,
             trainer.objectives,
             trainer.candidates,
-            trainer.duplicate_reward,
-            format_reward=trainer.format_reward,
-            overlong=(trainer.overlong_buffer, trainer.max_tokens),
+            trainer.settings,
+            max_tokens=trainer.max_tokens,
             reference=against.get(g.id),
-            slot_cost=trainer.slot_cost,
         )
         for g in stored
     ]
@@ -394,13 +386,14 @@ def _waiting_groups(trainer: CampaignTrainer) -> list[TrainingGroup] | None:
     version, with `warmup_samples`, nothing until that many rollouts wait, then all of them
     (the first update learns from every sample of the warm-up). None: not yet."""
     store, campaign = trainer.store, trainer.campaign_id
-    if trainer.warmup_samples and trainer.version_id is None:
-        if store.untrained_rollouts(campaign) < trainer.warmup_samples:
+    warmup, every = trainer.settings.warmup_samples, trainer.settings.train_every
+    if warmup and trainer.version_id is None:
+        if store.untrained_rollouts(campaign) < warmup:
             return None
         return store.untrained_groups(campaign, None) or None
-    if store.untrained_count(campaign) < trainer.every:
+    if store.untrained_count(campaign) < every:
         return None
-    return store.untrained_groups(campaign, trainer.every)
+    return store.untrained_groups(campaign, every)
 
 
 def _publish_version(
@@ -423,7 +416,7 @@ def _publish_version(
     if parallel.main:  # versions a worker or server reads stay while they may be in use
         shared = generator is None or not generator.in_process
         in_flight = store.version_at_oldest_claim(trainer.campaign_id)  # a worker's, if any
-        keep = trainer.keep_versions
+        keep = trainer.settings.keep_versions
         prune_versions(trainer.folder, metrics.step, keep, shared=shared, sampled_from=in_flight)
 
 
