@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 Direction = Literal["max", "min"]
 Status = Literal["ok", "invalid", "error", "timeout"]
-STATUSES: tuple[Status, ...] = ("ok", "invalid", "error", "timeout")
 
 # The largest normalised score. Not a cap on records (a record 10^300 times the best known is
 # no record but a scorer's bug); it keeps every score a finite number the database can check:

@@ -10,17 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.evolution.edits import Edit, EditError, apply_edits, format_edits, parse_edits
 from harness.evolution.parsing import (
     MAX_COMPLETION_CHARS,
-    Edit,
-    EditError,
     ParsedCandidate,
-    apply_edits,
-    format_edits,
     format_full,
     normalise_code,
     parse_completion,
-    parse_edits,
 )
 from harness.records import code_hash
 

@@ -206,11 +206,6 @@ def trained_share(versions: list[dict[str, Any]]) -> str:
     return f"{trained} of {rollouts} rollouts{share}"
 
 
-def print_summary(title: str, report: dict[str, Any]) -> None:
-
-    console().print(summary_table(title, report))
-
-
 def print_status(title: str, report: dict[str, Any]) -> None:
     """`vpo status`: the counts, then how it is going (harness/observation/status.py), then the
     best."""

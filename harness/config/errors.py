@@ -23,10 +23,6 @@ class SchemaError(UserError):
     """The database was written by another schema version, or is not a vpo-evolve database."""
 
 
-class ProblemError(UserError):
-    """A problem could not be found or loaded."""
-
-
 class IterationRecorded(UserError):
     """An iteration is already recorded: another process ran it (a worker whose claim ran out
     loses it quietly; a second `vpo run` on one campaign is an error)."""

@@ -51,13 +51,13 @@ from __future__ import annotations
 import re
 import textwrap
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from harness.evolution.edits import EditError, apply_edits, has_edits, parse_edits
+
 MAX_COMPLETION_CHARS = 200_000  # ~50k tokens; more is a runaway generation
 MAX_CODE_CHARS = 50_000  # per candidate program, after edits
-MAX_EDITS = 64  # per candidate; each edit scans the whole parent
 
 Kind = Literal["full", "edit", "none"]
 
@@ -70,16 +70,6 @@ class ParsedCandidate:
     code: str | None
     kind: Kind
     error: str | None
-
-
-class Edit(NamedTuple):
-    """Whole lines to find and the lines that replace them; a final newline is optional.
-
-    `replace` "" deletes the searched lines; "\n" replaces them with one blank line.
-    """
-
-    search: str
-    replace: str
 
 
 def normalise_code(code: str) -> str:
@@ -108,24 +98,6 @@ def format_full(index: int, code: str) -> str:
     fence = fence_for(code)
     body = code if code.endswith("\n") else code + "\n"
     return f"<candidate_{index}>\n{fence}python\n{body}{fence}\n</candidate_{index}>"
-
-
-def format_edits(index: int, edits: Sequence[Edit]) -> str:
-    """Candidate `index` as SEARCH/REPLACE edits, in the format `parse_completion` reads."""
-    blocks = [
-        "<<<<<<< SEARCH\n"
-        + "".join(line + "\n" for line in _lines(e.search))
-        + "=======\n"
-        + "".join(line + "\n" for line in _lines(e.replace))
-        + ">>>>>>> REPLACE\n"
-        for e in edits
-    ]
-    return f"<candidate_{index}>\n" + "".join(blocks) + f"</candidate_{index}>"
-
-
-def _lines(text: str) -> list[str]:
-    lines = text.split("\n")
-    return lines[:-1] if lines[-1] == "" else lines
 
 
 def parse_completion(
@@ -289,7 +261,7 @@ def _untagged(
     text: str, candidates: int, parent: str, fences: list[_Block], max_code_chars: int
 ) -> list[ParsedCandidate]:
     python = [b for b in fences if b.info in _PYTHON_INFO]
-    if _has_edits(text):
+    if has_edits(text):
         first = _edited(1, text, parent, max_code_chars)
         rest = "no candidate tags; the SEARCH/REPLACE edits were taken as candidate 1"
     elif len(python) == 1 and python[0].closed:
@@ -310,13 +282,13 @@ def _untagged(
 def _complete(body: str) -> bool:
     """A last candidate without its closing tag is whole when its code is: a closed code block
     or a finished SEARCH/REPLACE edit (small models often stop there, forgetting the tag)."""
-    if _has_edits(body):
+    if has_edits(body):
         return body.rstrip().endswith(">>>>>>> REPLACE")
     return any(block.closed for block in _fenced_blocks(body))
 
 
 def _candidate(index: int, body: str, parent: str, max_code_chars: int) -> ParsedCandidate:
-    if _has_edits(body):
+    if has_edits(body):
         return _edited(index, body, parent, max_code_chars)
     blocks = _fenced_blocks(body)
     closed = [b for b in blocks if b.closed]
@@ -348,21 +320,6 @@ def _too_long(max_code_chars: int) -> str:
     return f"program longer than {max_code_chars} characters"
 
 
-# -- SEARCH/REPLACE edits ----------------------------------------------------------------------
-
-_SEARCH = re.compile(r"^[ \t]*<{5,9}[ \t]*SEARCH[ \t]*$", re.MULTILINE)
-_DIVIDER = re.compile(r"^[ \t]*={5,9}[ \t]*$")
-_REPLACE = re.compile(r"^[ \t]*>{5,9}[ \t]*REPLACE[ \t]*$")
-
-
-def _has_edits(body: str) -> bool:
-    return _SEARCH.search(body) is not None
-
-
-class EditError(ValueError):
-    """An edit that cannot be read or applied; the message starts with "edit N:"."""
-
-
 def _edited(index: int, body: str, parent: str, max_code_chars: int) -> ParsedCandidate:
     try:
         code = apply_edits(parent, parse_edits(body))
@@ -374,116 +331,3 @@ def _edited(index: int, body: str, parent: str, max_code_chars: int) -> ParsedCa
     if not code:
         return ParsedCandidate(index, None, "edit", "the edits leave an empty program")
     return ParsedCandidate(index, code, "edit", None)
-
-
-def parse_edits(body: str) -> list[Edit]:
-    """The SEARCH/REPLACE blocks of one candidate; text outside the blocks is ignored.
-
-    Raises EditError ("edit N: ...") for a block that is not closed or not divided.
-    """
-    edits: list[Edit] = []
-    search: list[str] | None = None
-    replace: list[str] | None = None
-    for line in body.split("\n"):
-        if search is None:
-            if _SEARCH.match(line):
-                search = []
-        elif replace is None:
-            if _DIVIDER.match(line):
-                replace = []
-            elif _SEARCH.match(line) or _REPLACE.match(line):
-                raise EditError(f"edit {len(edits) + 1}: no ======= between SEARCH and REPLACE")
-            else:
-                search.append(line)
-        elif _REPLACE.match(line):
-            edits.append(Edit(_text(search), _text(replace)))
-            if len(edits) > MAX_EDITS:
-                raise EditError(f"more than {MAX_EDITS} edits; rewrite the program instead")
-            search = replace = None
-        elif _SEARCH.match(line):
-            raise EditError(f"edit {len(edits) + 1}: no >>>>>>> REPLACE before the next SEARCH")
-        else:
-            replace.append(line)
-    if search is not None:
-        raise EditError(f"edit {len(edits) + 1}: truncated, no >>>>>>> REPLACE")
-    return edits
-
-
-def apply_edits(parent: str, edits: Sequence[Edit]) -> str:
-    """The parent with each edit applied in turn; raises EditError naming the edit that failed."""
-    lines = parent.split("\n")
-    for number, edit in enumerate(edits, 1):
-        search, replace = _lines(edit.search), _lines(edit.replace)
-        if not any(line.strip() for line in search):
-            raise EditError(f"edit {number}: empty SEARCH")
-        at = _find(lines, search, _exact)
-        if at is not None:
-            lines[at : at + len(search)] = replace
-            continue
-        # Blank lines around the SEARCH text are the likeliest mismatch; the replacement
-        # loses as many, no more, so an intended blank line survives.
-        lead, trail = _blank_edges(search)
-        search = search[lead : len(search) - trail]
-        replace_lead, replace_trail = _blank_edges(replace)
-        replace = replace[min(lead, replace_lead) : len(replace) - min(trail, replace_trail)]
-        at = _find(lines, search, _loose)
-        if at is None:
-            raise EditError(f"edit {number}: SEARCH text not found in the parent")
-        matched = lines[at : at + len(search)]
-        lines[at : at + len(search)] = _reindent(replace, search, matched)
-    return "\n".join(lines)
-
-
-def _text(lines: list[str]) -> str:
-    return "".join(line + "\n" for line in lines)
-
-
-def _exact(line: str) -> str:
-    return line
-
-
-def _loose(line: str) -> str:
-    return line.strip()
-
-
-def _find(lines: list[str], search: list[str], key: Callable[[str], str]) -> int | None:
-    """Index of the first line where `search` occurs in `lines`, comparing key(line)."""
-    # One substring search over the joined lines (lines hold no "\n"), not a slice compare
-    # at every line: that is quadratic when a long SEARCH nearly matches everywhere.
-    haystack = "\n" + "\n".join(map(key, lines)) + "\n"
-    at = haystack.find("\n" + "\n".join(map(key, search)) + "\n")
-    return None if at < 0 else haystack.count("\n", 0, at)
-
-
-def _blank_edges(lines: list[str]) -> tuple[int, int]:
-    """How many blank lines lead and trail `lines`."""
-    start, end = 0, len(lines)
-    while start < end and not lines[start].strip():
-        start += 1
-    while end > start and not lines[end - 1].strip():
-        end -= 1
-    return start, len(lines) - end
-
-
-def _indent(line: str) -> str:
-    return line[: len(line) - len(line.lstrip(" \t"))]
-
-
-def _reindent(replace: list[str], search: list[str], matched: list[str]) -> list[str]:
-    """Move the replacement by the indentation difference between the SEARCH text and the
-    parent lines it matched, so a block the model dedented lands at the parent's depth."""
-    model = next((_indent(s) for s in search if s.strip()), "")
-    actual = next((_indent(p) for p in matched if p.strip()), "")
-    if model == actual:
-        return replace
-    shift = len(actual.expandtabs(4)) - len(model.expandtabs(4))
-    moved = []
-    for line in replace:
-        if not line.strip():
-            moved.append("")
-        elif line.startswith(model):
-            moved.append(actual + line[len(model) :])
-        else:
-            width = max(0, len(_indent(line).expandtabs(4)) + shift)
-            moved.append(" " * width + line.lstrip(" \t"))
-    return moved

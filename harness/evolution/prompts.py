@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from harness.evolution.parsing import Edit, fence_for, format_edits, format_full
+from harness.evolution.edits import Edit, format_edits
+from harness.evolution.parsing import fence_for, format_full
 from harness.records import ProgramRecord
 from problems.api import Compact, Problem, record_note
 

@@ -207,6 +207,40 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Messa
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def request_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Sequence[Message]],
+    n: int,
+    sampling: Sampling,
+) -> list[list[int]]:
+    """What an in-process backend's `generate` opens with: the request checked, then each
+    prompt as the token ids of its chat template."""
+    check_request(prompts, n, sampling)
+    return [chat_prompt_ids(tokenizer, messages) for messages in prompts]
+
+
+def decoded(
+    tokenizer: PreTrainedTokenizerBase,
+    tokens: Sequence[int],
+    logprobs: Sequence[float] | None,
+    finish: str,
+    prompt: Sequence[int],
+    stops: set[int],
+) -> Completion:
+    """A sampled completion as an in-process backend returns it: its text leaves out the stop
+    token that ended it, its token ids keep it (a step trains on the model ending its turn)."""
+    ends_in_stop = finish == "stop" and bool(tokens) and tokens[-1] in stops
+    visible = list(tokens[:-1] if ends_in_stop else tokens)
+    text = tokenizer.decode(visible, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return Completion(
+        text=text,
+        token_ids=tuple(tokens),
+        logprobs=None if logprobs is None else tuple(logprobs),
+        finish_reason=finish,
+        prompt_token_ids=tuple(prompt),
+    )
+
+
 def check_request(prompts: Sequence[Sequence[Message]], n: int, sampling: Sampling) -> None:
     """Reject requests no backend can serve, with the same message everywhere."""
     if n < 1:

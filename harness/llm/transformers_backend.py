@@ -22,8 +22,9 @@ from harness.llm.base import (
     Sampling,
     Weights,
     chat_prompt_ids,
-    check_request,
     context_length,
+    decoded,
+    request_ids,
     stop_token_ids,
 )
 
@@ -111,8 +112,7 @@ class TransformersGenerator:
     ) -> list[list[Completion]]:
         import torch
 
-        check_request(prompts, n, sampling)
-        prompt_ids = [chat_prompt_ids(self.tokenizer, messages) for messages in prompts]
+        prompt_ids = request_ids(self.tokenizer, prompts, n, sampling)
         device = next(self.hf_model.parameters()).device
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(63)
         rng = torch.Generator(device=device).manual_seed(seed)
@@ -138,25 +138,13 @@ class TransformersGenerator:
                 owners = [i for i, copies in batch for _ in range(copies)]
                 for owner, (tokens, logprobs, finish) in zip(owners, rows, strict=True):
                     completions[owner].append(
-                        self._completion(tokens, logprobs, finish, prompt_ids[owner])
+                        decoded(
+                            self.tokenizer, tokens, logprobs, finish, prompt_ids[owner], self.stops
+                        )
                     )
         finally:
             self.hf_model.train(was_training)
         return completions
-
-    def _completion(
-        self, tokens: list[int], logprobs: list[float], finish: str, prompt: list[int]
-    ) -> Completion:
-        visible = tokens[:-1] if finish == "stop" else tokens
-        return Completion(
-            text=self.tokenizer.decode(
-                visible, skip_special_tokens=True, clean_up_tokenization_spaces=False
-            ),
-            token_ids=tuple(tokens),
-            logprobs=tuple(logprobs),
-            finish_reason=finish,
-            prompt_token_ids=tuple(prompt),
-        )
 
     def close(self) -> None:
         # The weights may be the trainer's; dropping our reference is all we may do.

@@ -22,7 +22,8 @@ from harness.llm.base import (
     Sampling,
     Weights,
     chat_prompt_ids,
-    check_request,
+    decoded,
+    request_ids,
     stop_token_ids,
 )
 
@@ -125,8 +126,7 @@ class VLLMGenerator:
     ) -> list[list[Completion]]:
         from vllm import SamplingParams
 
-        check_request(prompts, n, sampling)
-        prompt_ids = [chat_prompt_ids(self.tokenizer, messages) for messages in prompts]
+        prompt_ids = request_ids(self.tokenizer, prompts, n, sampling)
         longest = max((len(ids) for ids in prompt_ids), default=0)
         if longest >= self.max_model_len:
             # vLLM refuses the whole call with a ValueError; the same request can never succeed.
@@ -172,23 +172,13 @@ class VLLMGenerator:
     def _completion(self, sample: Any, prompt: list[int]) -> Completion:
         tokens = tuple(sample.token_ids)
         finish = "length" if sample.finish_reason == "length" else "stop"
-        ends_in_stop = finish == "stop" and bool(tokens) and tokens[-1] in self.stops
-        visible = tokens[:-1] if ends_in_stop else tokens
         logprobs = None
         if sample.logprobs is not None:
             logprobs = tuple(
                 float(position[token].logprob)
                 for position, token in zip(sample.logprobs, tokens, strict=True)
             )
-        return Completion(
-            text=self.tokenizer.decode(
-                list(visible), skip_special_tokens=True, clean_up_tokenization_spaces=False
-            ),
-            token_ids=tokens,
-            logprobs=logprobs,
-            finish_reason=finish,
-            prompt_token_ids=tuple(prompt),
-        )
+        return decoded(self.tokenizer, tokens, logprobs, finish, prompt, self.stops)
 
     def load_weights(self, weights: Weights) -> None:
         """Sample from the policy version `weights` (its whole weights) from now on: an engine

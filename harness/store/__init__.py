@@ -10,7 +10,8 @@ nothing outside this package can touch the database by accident or hold a transa
 
 One module per concern, each a part of `Store`:
 
-    opening      the URL, the engine and its pragmas, the schema check (`Database`)
+    opening      the URL, the engine and its pragmas, one-line errors (`Database`)
+    schema       whether a database is ours and current; its tables created, or migrated
     programs     campaigns, a seed program, the one way any program is inserted
     iterations   a group with its rollouts, new programs and migrations
     claims       iterations claimed by workers

@@ -1,4 +1,5 @@
-"""Opening a database: the URL, the engine and its pragmas, the schema version check.
+"""Opening a database: the URL, the engine and its pragmas, and an error that says what is
+wrong in one line; the schema it must hold is `harness.store.schema`'s.
 
 `Database` is what every part of the store builds on: the open engines, where they point, and
 one transaction per read or write on a Core connection.
@@ -6,7 +7,6 @@ one transaction per read or write on a Core connection.
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import time
@@ -15,25 +15,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from harness.config.errors import SchemaError, UserError
-from harness.store import migrations
-from harness.store.models import SCHEMA_VERSION, Base, Meta, create_tables, dumps_json
-
-log = logging.getLogger(__name__)
+from harness.store import migrations, schema
+from harness.store.models import dumps_json
 
 # Seconds a SQLite writer waits for another writer before giving up, and a PostgreSQL client
 # waits for the server to answer: long enough for a busy campaign, short enough not to look hung.
 SQLITE_BUSY_TIMEOUT_S = 30
 POSTGRES_CONNECT_TIMEOUT_S = 5
-
-# Any fixed number: serialises concurrent `Store.open` calls that would create the tables or
-# migrate them.
-_POSTGRES_CREATE_LOCK = 0x7670_6F65
 
 
 class Database:
@@ -80,7 +74,7 @@ class Database:
         engine = _make_engine(url, read_only=False)
         try:
             with engine.connect() as connection:
-                is_new, before = _check_schema(connection, where)
+                is_new, before = schema.check(connection, where)
             if is_new:
                 raise SchemaError(f"{where} is empty, not a vpo-evolve database")
             _prepare(engine, where, create=False)
@@ -280,14 +274,14 @@ def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = Fals
     sqlite = engine.dialect.name == "sqlite"
     try:
         with engine.connect() as connection:
-            is_new, revision = _check_schema(connection, where)
+            is_new, revision = schema.check(connection, where)
         if is_new:
             if not create:
                 raise SchemaError(f"{where} is empty, not a vpo-evolve database; create it first")
-            _create_schema(engine, where)
+            schema.create(engine, where)
         elif revision != migrations.head():
             if not read_only:
-                _migrate(engine, where)
+                schema.migrate(engine, where)
             elif revision is not None:
                 # A database from before migrations is read as it is (`harness.store.migrations`).
                 raise SchemaError(
@@ -305,90 +299,6 @@ def _prepare(engine: Engine, where: str, *, create: bool, read_only: bool = Fals
         ) from exc
     except sqlite3.Error as exc:
         raise _open_error(exc, where, sqlite, connecting=False) from exc
-
-
-def _create_schema(engine: Engine, where: str) -> None:
-    with engine.execution_options(vpo_write=True).begin() as connection:
-        if engine.dialect.name != "sqlite":
-            connection.execute(
-                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
-            )
-        # Another process may have created the tables while we waited for the lock.
-        if _check_schema(connection, where)[0]:
-            create_tables(connection)
-            connection.execute(
-                Meta.__table__.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
-            )
-            migrations.stamp(connection)
-
-
-def _migrate(engine: Engine, where: str) -> None:
-    """The database brought to the head revision in one transaction, under the writers' lock;
-    a SQLite file is copied first (inside the lock, so two processes opening it at once make
-    one copy; WAL lets the copy read while the lock is held)."""
-    with engine.execution_options(vpo_write=True).begin() as connection:
-        if engine.dialect.name != "sqlite":
-            connection.execute(
-                text("SELECT pg_advisory_xact_lock(:key)"), {"key": _POSTGRES_CREATE_LOCK}
-            )
-        # Another process may have migrated it while we waited for the lock.
-        revision = migrations.current(connection)
-        if revision == migrations.head():
-            return
-        copy = None
-        if engine.dialect.name == "sqlite" and where != ":memory:":
-            copy = migrations.backup_sqlite(Path(where), revision)
-        migrations.upgrade(connection)
-    kept = f"; the database as it was is in {copy}" if copy else ""
-    log.warning(
-        "migrated %s from %s to %s%s",
-        where,
-        migrations.named(revision),
-        migrations.named(migrations.head()),
-        kept,
-    )
-
-
-def _check_schema(connection: Connection, where: str) -> tuple[bool, str | None]:
-    """(True, None) when the database has no tables, else (False, its revision); raises
-    SchemaError unless it is ours, of this schema version, at a revision this release knows."""
-    tables = set(inspect(connection).get_table_names())
-    if not tables:
-        return True, None
-    foreign = f"{where} is not a vpo-evolve database"
-    if "meta" not in tables:
-        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
-        raise SchemaError(f"{foreign} (it holds other tables: {shown}); use a new file or database")
-    meta = Meta.__table__
-    try:
-        value = connection.scalar(select(meta.c.value).where(meta.c.key == "schema_version"))
-    except DBAPIError as exc:
-        raise SchemaError(f"{foreign} (its meta table has another layout)") from exc
-    try:
-        version = int(value)
-    except (TypeError, ValueError):
-        raise SchemaError(f"{foreign} (its meta table holds no schema_version)") from None
-    if version > SCHEMA_VERSION:
-        raise SchemaError(
-            f"{where} was written by schema version {version}; "
-            f"this vpo-evolve reads version {SCHEMA_VERSION}; upgrade vpo-evolve"
-        )
-    if version < SCHEMA_VERSION:
-        raise SchemaError(
-            f"{where} was written by schema version {version}; this vpo-evolve reads version "
-            f"{SCHEMA_VERSION} and cannot migrate it; use the vpo-evolve release that wrote it"
-        )
-    revision = migrations.current(connection)
-    if revision is not None and not migrations.known(revision):
-        raise SchemaError(
-            f"{where} was migrated to revision {revision} by a newer vpo-evolve; this one "
-            f"knows revisions up to {migrations.head()}; upgrade vpo-evolve"
-        )
-    adopted = set(migrations.ADOPTION_CREATES) if revision is None else set()
-    missing = set(Base.metadata.tables) - tables - adopted
-    if missing:
-        raise SchemaError(f"{where} lacks tables {', '.join(sorted(missing))}; it is damaged")
-    return False, revision
 
 
 def _enable_wal(engine: Engine, where: str) -> None:

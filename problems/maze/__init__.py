@@ -302,10 +302,6 @@ class MazeProblem(AnswerProblem):
     def score_answer(self, instance: Maze, body: str) -> Mapping[str, float]:
         return walk(instance, parse_moves(body))
 
-    def reference_answers(self, instance: Maze) -> list[str]:
-        """A best route for each corner: what a perfect set of two routes holds (tests)."""
-        return [" ".join(route) for route in best_routes(instance)]
-
 
 @cache
 def _instance(seed: int, index: int) -> Maze:
