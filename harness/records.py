@@ -228,7 +228,7 @@ class NewGroup:
     prompt: list[dict[str, str]]
     prompt_token_ids: Sequence[int] | None
     rollouts: Sequence[RolloutRecord]
-    policy_version_id: int | None = None
+    version: PolicyVersion | None = None  # the policy that sampled the rollouts; None: the base
     skipped: str | None = None  # why it has no rollouts (a prompt too long, a failed request)
     population: Mapping[str, Any] | None = None  # what selection saw (RolloutGroup.population)
     prompt_tokens: int | None = None  # what a server reported, where it gave no prompt ids
@@ -273,7 +273,9 @@ class TrainingRollout:
     candidates: tuple[dict[str, float] | None, ...]
     # Per candidate: whether it repeated its parent or a program stored before its iteration.
     lazy: tuple[bool, ...] = ()
-    sampled_step: int | None = None  # the policy version (step) that sampled it; 0: the base
+    # The step of the policy version that sampled it (the trainer's `Rollout.version`): 0 for
+    # the base weights, None where it is not known.
+    version: int | None = None
     # Per candidate: the program it names (None: not parsed), and whether that program ran and
     # was scored (status "ok"); empty for rollouts built without them (every slot then counts).
     programs: tuple[int | None, ...] = ()
@@ -292,7 +294,13 @@ class TrainingGroup:
 
 
 @dataclass(frozen=True)
-class PolicyRecord:
+class PolicyVersion:
+    """The one record of a policy version, from the store to the rollout: the row
+    `Store.record_train_step` adds and returns, the trainer's current version, the version that
+    sampled an iteration (`SampledIteration.version`, `NewGroup.version`, stored as the
+    `policy_version_id` columns). `step` is the training step whose weights it holds (the
+    step a stored rollout reports as `TrainingRollout.version`); `path` is their folder."""
+
     id: int
     campaign_id: int
     step: int

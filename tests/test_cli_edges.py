@@ -417,7 +417,7 @@ def test_show_prints_the_completion_and_the_policy_version_that_sampled_it(
                 draft_ids=(),
                 prompt=[{"role": "user", "content": "improve"}],
                 prompt_token_ids=[1],
-                policy_version_id=version,
+                version=version,
                 rollouts=[
                     RolloutRecord(
                         "I return 12 now.\n```python\ndef f():\n    return 12\n```\x1b[2J",

@@ -493,7 +493,7 @@ def test_versions_read_in_steps_equal_a_fresh_read(database: str) -> None:
                     NewGroup(
                         iteration=iteration, island=0, parent_id=1, draft_ids=(),
                         prompt=[{"role": "user", "content": "p"}], prompt_token_ids=[1],
-                        rollouts=[rollout], policy_version_id=version,
+                        rollouts=[rollout], version=version,
                     ),
                 )  # fmt: skip
                 stepwise = view.overview()["versions"]

@@ -224,7 +224,7 @@ def test_dashboard_in_chromium(
                         [CandidateRecord(1, "new", program), CandidateRecord(2, "new", program)],
                     )
                 ],
-                policy_version_id=version,
+                version=version,
             ),
         )
     versions = _wait(

@@ -6,6 +6,7 @@ reference written here with loops, on random inputs and on hand-made groups."""
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from itertools import product
 
 import numpy as np
@@ -288,16 +289,19 @@ def test_the_first_step_waits_for_the_warm_up_samples_then_takes_them_all(databa
     no step may start; with 3 the first step takes both groups; without a warm-up it takes the
     oldest `every`; once a version is recorded the warm-up is over."""
     from harness.learning.training import CampaignTrainer, _waiting_groups
+    from harness.records import PolicyVersion
 
     store = Store.open(database)
     campaign = store.get_campaign("c")
     assert campaign is not None
 
-    def waiting(warmup: int, version: int | None = None, every: int = 1) -> list[int] | None:
+    def waiting(
+        warmup: int, version: PolicyVersion | None = None, every: int = 1
+    ) -> list[int] | None:
         settings = TrainSettings(train_every=every, warmup_samples=warmup)
         trainer = CampaignTrainer(
             store, campaign.id, settings, ["a", "b"], 2, 0, 0, None, None, None, "c",  # type: ignore[arg-type]
-            version_id=version,
+            version=version,
         )  # fmt: skip
         found = _waiting_groups(trainer)
         return None if found is None else [g.iteration for g in found]
@@ -306,5 +310,6 @@ def test_the_first_step_waits_for_the_warm_up_samples_then_takes_them_all(databa
     assert waiting(4) is None
     assert waiting(3) == [0, 1]
     assert waiting(0) == [0] and waiting(0, every=3) is None
-    assert waiting(4, version=7) == [0]
+    recorded = PolicyVersion(7, campaign.id, 1, "step-000001", {}, datetime.now(UTC))
+    assert waiting(4, version=recorded) == [0]
     store.close()

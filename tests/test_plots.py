@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from harness.observation import exports
 from harness.observation.gists import ProblemFacts, gist, version_starts
-from harness.records import CandidateRecord, NewGroup, NewProgram, PolicyRecord, RolloutRecord
+from harness.records import CandidateRecord, NewGroup, NewProgram, PolicyVersion, RolloutRecord
 from harness.store import Store
 
 PROBLEM = "equation_discovery:oscillator1"
@@ -82,7 +82,7 @@ def equation_campaign(path: Path) -> str:
                 prompt=[{"role": "user", "content": "improve"}],
                 prompt_token_ids=[5],
                 rollouts=[rollout],
-                policy_version_id=version,
+                version=version,
             ),
         )
     store.record_train_step(campaign, step=3, path="step-3", metrics=_metrics(3), group_ids=[4, 5])
@@ -185,8 +185,8 @@ def test_plot_writes_every_figure(tmp_path: Path) -> None:
     assert all(f.read_bytes().startswith(b"\x89PNG") for f in files)
 
 
-def _policy(step: int, metrics: dict[str, float]) -> PolicyRecord:
-    return PolicyRecord(step, 1, step, f"step-{step}", metrics, datetime.now(UTC))
+def _policy(step: int, metrics: dict[str, float]) -> PolicyVersion:
+    return PolicyVersion(step, 1, step, f"step-{step}", metrics, datetime.now(UTC))
 
 
 values = st.one_of(st.integers(-3, 3), st.floats(-2, 2, allow_nan=False))

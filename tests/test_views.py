@@ -140,7 +140,7 @@ def test_the_training_plot_draws_every_stored_step_metric() -> None:
     from datetime import UTC, datetime
 
     from harness.observation.exports import training_panels
-    from harness.records import PolicyRecord
+    from harness.records import PolicyVersion
     from trainer.train import StepMetrics
 
     metrics = StepMetrics(
@@ -149,7 +149,7 @@ def test_the_training_plot_draws_every_stored_step_metric() -> None:
         fresh_gap=None, grad_norm=0.5, trained=4, set_score=0.2, zero_std_fraction=0.0,
         diversity=0.1, seconds=1.0, tokens_per_second=80.0, advantage="vpo",
     ).as_dict()  # fmt: skip
-    stored = [PolicyRecord(1, 1, 1, "p", metrics, datetime.now(UTC))]
+    stored = [PolicyVersion(1, 1, 1, "p", metrics, datetime.now(UTC))]
     numbers = {k for k, v in metrics.items() if isinstance(v, int | float) and k != "step"}
     assert set(training_panels(stored)) == numbers
     assert {"loss", "kl", "grad_norm", "set_score", "diversity", "clip_fraction"} <= numbers

@@ -162,7 +162,7 @@ def test_a_worker_whose_version_was_pruned_while_it_loaded_takes_the_newer_one(
         store.record_train_step(campaign, step=1, path=gone, metrics={}, group_ids=[])
         generator, loaded = _newest(store, campaign, config, "w", None, None)
         try:
-            assert loaded == store.latest_policy(campaign).id  # version 2's
+            assert loaded == store.latest_policy(campaign)  # version 2
             assert store.latest_policy(campaign).step == 2
         finally:
             generator.close()

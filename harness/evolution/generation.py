@@ -40,6 +40,7 @@ from harness.observation.ledger import Ledger, timed
 if TYPE_CHECKING:
     from harness.config.settings import CampaignConfig
     from harness.evolution.run import CampaignRun
+    from harness.records import PolicyVersion
 
 
 @dataclass(frozen=True)
@@ -144,15 +145,15 @@ def sample_batch(
     generator: Generator,
     iterations: Sequence[int],
     settings: LoopSettings,
-    policy_version_id: int | None = None,
+    version: PolicyVersion | None = None,
     ledger: Ledger | None = None,
 ) -> list[SampledIteration]:
     """Iterations `iterations` up to their evaluation, in order: each one's parent and drafts
     chosen with the random stream of (seed, k), its prompt, its G completions (from policy
-    version `policy_version_id`) and the programs migrating after it. `ledger` times the
-    selecting and the generating."""
+    version `version`; None: the base weights) and the programs migrating after it. `ledger`
+    times the selecting and the generating."""
     with timed(ledger, "selecting"):
-        chosen = [_choose(campaign, k, settings, policy_version_id) for k in iterations]
+        chosen = [_choose(campaign, k, settings, version) for k in iterations]
     asking = [c for c in chosen if c.skipped is None]
     with timed(ledger, "generating"):
         results = _generate(
@@ -173,7 +174,7 @@ def sample_batch(
 
 
 def _choose(
-    campaign: CampaignRun, iteration: int, settings: LoopSettings, version: int | None
+    campaign: CampaignRun, iteration: int, settings: LoopSettings, version: PolicyVersion | None
 ) -> SampledIteration:
     """Iteration k before generation: selection, prompt (or why there is none), migrations."""
     rng = np.random.default_rng([campaign.config.seed, iteration])

@@ -27,6 +27,7 @@ from harness.llm.base import Completion, Message
 from harness.records import (
     CandidateRecord,
     NewProgram,
+    PolicyVersion,
     ProgramRecord,
     RolloutRecord,
     code_hash,
@@ -53,7 +54,7 @@ class SampledIteration:
     prompt: list[Message]
     completions: Sequence[Completion]
     migrations: Sequence[tuple[int, int]]  # (program id, destination island)
-    policy_version_id: int | None = None  # the policy that sampled the completions
+    version: PolicyVersion | None = None  # the policy that sampled the completions; None: base
     skipped: str | None = None
     population: Mapping[str, Any] | None = None  # see harness.evolution.generation.snapshot
 

@@ -56,8 +56,6 @@ from harness.records import CampaignRecord, NewGroup, ProgramRecord
 from harness.store import Store
 from problems.api import Compact, Evaluation, Problem
 
-GENERATION_RETRIES = 3
-
 log = logging.getLogger(__name__)
 
 
@@ -277,7 +275,7 @@ def evolve(
                     pending.result()
                 pending = None
                 train_waiting_groups(campaign, generator, clock.ledger)
-            version = campaign.trainer.version_id if campaign.trainer else None
+            version = campaign.trainer.version if campaign.trainer else None
             batch = sample_batch(
                 campaign, generator, todo[start : start + width], settings, version, clock.ledger
             )
@@ -466,7 +464,7 @@ def store_iteration(
             prompt_token_ids=sampled.prompt_token_ids,
             prompt_tokens=sampled.prompt_tokens,
             rollouts=rollouts,
-            policy_version_id=sampled.policy_version_id,
+            version=sampled.version,
             skipped=sampled.skipped,
             population=sampled.population,
         ),
@@ -484,7 +482,8 @@ def store_iteration(
     progress.rollouts += len(rollouts)
     progress.parsed += sum(r.parse_status == "ok" for r in rollouts)
     changed = campaign.trainer.changed_from if campaign.trainer else None
-    if changed is not None and (sampled.policy_version_id or 0) >= changed:
+    version = sampled.version  # None: the base weights, never trained
+    if changed is not None and version is not None and version.step >= changed.step:
         progress.trained += len(rollouts)
     for evaluation in evaluations.values():
         if evaluation.status == "ok":

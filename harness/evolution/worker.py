@@ -24,7 +24,7 @@ from harness.llm import Generator, make_generator
 from harness.observation.ledger import Ledger, batch_payload
 from harness.observation.progress import Progress
 from harness.observation.time_split import EVENT
-from harness.records import PolicyRecord
+from harness.records import PolicyVersion
 from harness.store import Store
 from problems.api import Problem
 
@@ -55,13 +55,13 @@ def run_worker(
     name = config.name or problem.name
     owns_generator = generator is None
     done = 0
-    loaded: int | None = None
+    version: PolicyVersion | None = None  # the one the generator samples from; None: the base
     with Sandbox(workers=config.sandbox_workers) as sandbox:
         campaign = prepare(config, store, problem, campaign_id, sandbox)
         streak = FailureStreak(config.max_failures)
         try:
             while True:
-                generator, loaded = _newest(store, campaign_id, config, name, generator, loaded)
+                generator, version = _newest(store, campaign_id, config, name, generator, version)
                 settings = loop_settings(config, generator)
                 claimed = _claim(store, campaign_id, worker, config, settings, lease_seconds)
                 if not claimed:
@@ -69,7 +69,7 @@ def run_worker(
                         break  # every iteration is recorded
                     time.sleep(poll_seconds)  # others are still working; one may die
                     continue
-                batch = _run_batch(campaign, generator, claimed, settings, loaded, worker)
+                batch = _run_batch(campaign, generator, claimed, settings, version, worker)
                 for sampled in batch:
                     done += 1
                     if on_progress:
@@ -90,7 +90,7 @@ def _run_batch(
     generator: Generator,
     claimed: list[int],
     settings: LoopSettings,
-    version: int | None,
+    version: PolicyVersion | None,
     worker: str,
 ) -> list[SampledIteration]:
     """The claimed iterations sampled, evaluated and stored; those this worker stored. On an
@@ -169,9 +169,10 @@ def _newest(
     config: CampaignConfig,
     campaign_name: str,
     generator: Generator | None,
-    loaded: int | None,
-) -> tuple[Generator, int | None]:
-    """The generator sampling from the newest policy version, and that version's id.
+    loaded: PolicyVersion | None,
+) -> tuple[Generator, PolicyVersion | None]:
+    """The generator sampling from the newest policy version, and that version (None: the base
+    model, before any); `loaded` is the version `generator` samples from now.
 
     A version can vanish while a slow worker loads it: the trainer keeps only the newest few
     (`keep_versions`), so several steps taken meanwhile prune it. A load that fails while a
@@ -179,22 +180,24 @@ def _newest(
     failures = 0
     while True:
         latest = store.latest_policy(campaign_id)
-        if generator is not None and (latest is None or latest.id == loaded):
+        current = latest is None or (loaded is not None and latest.step == loaded.step)
+        if generator is not None and current:
             return generator, loaded
         try:
             generator = _worker_generator(config, campaign_name, latest, generator)
-            return generator, None if latest is None else latest.id
+            return generator, latest
         except Exception:
             failures += 1
             newer = store.latest_policy(campaign_id)
-            if failures >= VERSION_TRIES or None in (latest, newer) or newer.id == latest.id:
+            moved = latest is not None and newer is not None and newer.step != latest.step
+            if failures >= VERSION_TRIES or not moved:
                 raise
 
 
 def _worker_generator(
     config: CampaignConfig,
     campaign_name: str,
-    latest: PolicyRecord | None,
+    latest: PolicyVersion | None,
     current: Generator | None,
 ) -> Generator:
     """A generator sampling from the newest policy version (the base model before any).

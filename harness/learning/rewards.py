@@ -77,9 +77,7 @@ def to_group(
         reference=reference,
         cost=cost,
         rollouts=[
-            Rollout(
-                r.prompt_token_ids, r.token_ids, r.logprobs, r.sampled_step if versions else None
-            )
+            Rollout(r.prompt_token_ids, r.token_ids, r.logprobs, r.version if versions else None)
             for r in stored.rollouts
         ],
         scores=scores,

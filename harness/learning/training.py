@@ -57,7 +57,7 @@ from harness.observation.ledger import Ledger, timed
 
 if TYPE_CHECKING:
     from harness.llm import Generator
-    from harness.records import TrainingGroup
+    from harness.records import PolicyVersion, TrainingGroup
     from harness.store import Store
     from trainer.distributed import Parallel
     from trainer.policy import Policy
@@ -157,10 +157,10 @@ class CampaignTrainer:
     config: TrainConfig
     folder: Path
     name: str  # the campaign's, for naming adapters on a server
-    version_id: int | None = None
+    version: PolicyVersion | None = None  # the newest recorded; None: the starting weights
     # The first version whose weights differ from the starting ones (its step trained some
     # rollout): the rollouts it and later versions sample count as sampled by trained weights.
-    changed_from: int | None = None
+    changed_from: PolicyVersion | None = None
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
@@ -214,8 +214,8 @@ def start_trainer(
         config=train_config,
         folder=policy_folder(config, store, campaign_name),
         name=campaign_name,
-        version_id=None if latest is None else latest.id,
-        changed_from=None if changed is None else changed.id,
+        version=latest,
+        changed_from=changed,
     )
 
 
@@ -287,7 +287,7 @@ def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Gener
     try:
         if config.backend == "openai":
             check_trainable_endpoint(generator)
-        if trainer.version_id is not None:
+        if trainer.version is not None:
             folder = trainer.folder / step_name(trainer.policy.step)
             publish(trainer.policy, generator, folder, campaign_name=trainer.name)
     except BaseException:
@@ -368,16 +368,16 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
     folder = trainer.policy.save(trainer.folder / step_name(metrics.step))
     faults.point("train_saved")  # saved, not recorded
     if parallel.main:
-        trainer.version_id = store.record_train_step(
+        trainer.version = store.record_train_step(
             trainer.campaign_id,
             step=metrics.step,
             path=str(folder),
             metrics=metrics.as_dict(),
             group_ids=[g.id for g in stored],
         )
-    trainer.version_id = parallel.broadcast(trainer.version_id)
+    trainer.version = parallel.broadcast(trainer.version)
     if metrics.trained and trainer.changed_from is None:
-        trainer.changed_from = trainer.version_id
+        trainer.changed_from = trainer.version
     return metrics, folder
 
 
@@ -387,7 +387,7 @@ def _waiting_groups(trainer: CampaignTrainer) -> list[TrainingGroup] | None:
     (the first update learns from every sample of the warm-up). None: not yet."""
     store, campaign = trainer.store, trainer.campaign_id
     warmup, every = trainer.settings.warmup_samples, trainer.settings.train_every
-    if warmup and trainer.version_id is None:
+    if warmup and trainer.version is None:
         if store.untrained_rollouts(campaign) < warmup:
             return None
         return store.untrained_groups(campaign, None) or None

@@ -13,7 +13,7 @@ import numpy as np
 
 from harness.config.errors import UserError
 from harness.observation.views import measure_series, program_row
-from harness.records import IterationMeasures, PolicyRecord
+from harness.records import IterationMeasures, PolicyVersion
 from harness.store import Store
 from problems.api import record_note
 from trainer.measures import pareto_front
@@ -220,7 +220,7 @@ TRAINING_UNITS = {
 TRAINING_COLUMNS = 4
 
 
-def training_panels(policies: Sequence[PolicyRecord]) -> list[str]:
+def training_panels(policies: Sequence[PolicyVersion]) -> list[str]:
     """Every number a version stored but its step, by name."""
     return sorted(
         {
@@ -233,7 +233,7 @@ def training_panels(policies: Sequence[PolicyRecord]) -> list[str]:
 
 
 def training_layout(
-    policies: Sequence[PolicyRecord],
+    policies: Sequence[PolicyVersion],
 ) -> tuple[list[tuple[str, list[str]]], dict[str, float]]:
     """What training.png draws: (group title, its metrics) in TRAINING_GROUPS' order, the
     other metrics last; and the metrics left out because every step that stored one stored
@@ -250,7 +250,7 @@ def training_layout(
     return [(title, keys) for title, keys in layout if keys], constant
 
 
-def _plot_training(policies: Sequence[PolicyRecord]) -> Any:
+def _plot_training(policies: Sequence[PolicyVersion]) -> Any:
     """The training step metrics over the policy versions, a row of panels per group (loss,
     KL, ratio and clipping, set score and diversity, the rest), each with what its y-axis
     shows; a note names the metrics left out for holding one value all along."""

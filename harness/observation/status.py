@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.observation import time_split, views
-from harness.records import CampaignRecord, EventRecord, PolicyRecord
+from harness.records import CampaignRecord, EventRecord, PolicyVersion
 from harness.store import Store
 from harness.store.models import utc_now
 
@@ -113,7 +113,7 @@ def progress(store: Store, campaign: CampaignRecord, now: datetime | None = None
     }
 
 
-def versions_on_disk(latest: PolicyRecord | None, database: Path | None = None) -> dict[str, Any]:
+def versions_on_disk(latest: PolicyVersion | None, database: Path | None = None) -> dict[str, Any]:
     """The folder of the newest policy version, the versions it holds and its bytes (all of
     its files, the versions' merged copies and a killed save's leftovers included), the
     folder the database names (`policy_folder_stored`), and a note when the two differ or

@@ -225,6 +225,7 @@ def show(store: Store, program_id: int) -> dict[str, Any]:
     with `policy_version`, the step of the weights that sampled that rollout."""
     program = _program(store, program_id)
     detail = store.provenance(program_id)
+    sampled_by = _sampled_by(detail)
     return {
         **program_row(program),
         "code": program.code,
@@ -235,20 +236,18 @@ def show(store: Store, program_id: int) -> dict[str, Any]:
         "created_at": program.created_at.isoformat(),
         "candidate_index": program.candidate_index,
         "origin_detail": detail,
-        "policy_version": _sampled_by(store, program.campaign_id, detail),
+        "policy_version": sampled_by,
     }
 
 
-def _sampled_by(store: Store, campaign_id: int, detail: dict[str, Any] | None) -> int | None:
-    """The step of the policy version whose weights sampled the rollout: 0 for the weights the
-    campaign started from (a rollout names no version then); None without a rollout, or when
-    the version it names is not in the database."""
+def _sampled_by(detail: dict[str, Any] | None) -> int | None:
+    """The step of the policy version whose weights sampled the rollout, as `provenance` read
+    it with the rollout: 0 for the weights the campaign started from (a rollout names no
+    version then); None without a rollout, or when the version it names is not in the
+    database. Taken out of the detail: the program shows it once, as `policy_version`."""
     if detail is None:
         return None
-    version_id = detail["trajectory"]["policy_version_id"]
-    if version_id is None:
-        return 0
-    return {p.id: p.step for p in store.policies(campaign_id)}.get(version_id)
+    return detail["trajectory"].pop("policy_version")
 
 
 def diff(store: Store, program_id: int, other_id: int | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Select, func, inspect, select
+from sqlalchemy import Select, and_, func, inspect, select
 from sqlalchemy.engine import Connection
 
 from harness.records import Counts, EventRecord, ProgramRecord, Summary
@@ -212,7 +212,10 @@ class Inspection(Database):
 
     def provenance(self, program_id: int) -> dict[str, Any] | None:
         """Where an LLM program came from: its group (iteration, island, parent, drafts shown)
-        and the rollout that wrote it; None for seeds and migrants."""
+        and the rollout that wrote it, with the step of the policy version that sampled it
+        (`policy_version`: 0 for the weights the campaign started from, which a rollout names
+        no version for; None when the version it names is not the campaign's or not in the
+        database); None for seeds and migrants."""
         with self._reading() as connection:
             row = connection.execute(
                 select(
@@ -229,9 +232,17 @@ class Inspection(Database):
                     GROUP.c.island,
                     GROUP.c.parent_program_id,
                     GROUP.c.train_step,
+                    POLICY.c.step,
                 )
                 .join(GROUP, GROUP.c.id == TRAJECTORY.c.group_id)
                 .join(PROGRAM, PROGRAM.c.trajectory_id == TRAJECTORY.c.id)
+                .outerjoin(
+                    POLICY,
+                    and_(
+                        POLICY.c.id == TRAJECTORY.c.policy_version_id,
+                        POLICY.c.campaign_id == PROGRAM.c.campaign_id,
+                    ),
+                )
                 .where(PROGRAM.c.id == program_id)
             ).one_or_none()
             if row is None:
@@ -257,6 +268,7 @@ class Inspection(Database):
                     "parse_status": row.parse_status,
                     "parse_error": row.parse_error,
                     "policy_version_id": row.policy_version_id,
+                    "policy_version": 0 if row.policy_version_id is None else row.step,
                 },
             }
 

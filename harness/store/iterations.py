@@ -137,7 +137,7 @@ def _insert_group(connection: Connection, campaign_id: int, group: NewGroup, now
             "prompt": group.prompt,
             "prompt_token_ids": None if tokens is None else list(tokens),
             "prompt_tokens": None if tokens else group.prompt_tokens,
-            "policy_version_id": group.policy_version_id,
+            "policy_version_id": None if group.version is None else group.version.id,
             "skipped": group.skipped,
             "population": None if group.population is None else dict(group.population),
             "created_at": now,
@@ -195,6 +195,7 @@ def _insert_trajectories(
     connection: Connection, group_id: int, group: NewGroup, now: datetime
 ) -> list[int]:
     """One trajectory per rollout, its candidate slots still empty; their ids in order."""
+    version_id = None if group.version is None else group.version.id  # None: the base weights
     return insert_returning_ids(
         connection,
         TRAJECTORY,
@@ -207,7 +208,7 @@ def _insert_trajectories(
                 "num_tokens": len(rollout.token_ids) or rollout.num_tokens or 0,
                 "logprobs": None if rollout.logprobs is None else list(rollout.logprobs),
                 "finish_reason": rollout.finish_reason,
-                "policy_version_id": group.policy_version_id,
+                "policy_version_id": version_id,
                 "parse_status": rollout.parse_status,
                 "parse_error": rollout.parse_error,
                 "candidates": [],

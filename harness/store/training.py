@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from harness import faults
 from harness.config.errors import UserError
-from harness.records import PolicyRecord, TrainingGroup, TrainingRollout
+from harness.records import PolicyVersion, TrainingGroup, TrainingRollout
 from harness.store.models import utc_now
 from harness.store.opening import Database
 from harness.store.tables import (
@@ -127,8 +127,9 @@ class Training(Database):
         path: str,
         metrics: dict[str, Any],
         group_ids: Sequence[int],
-    ) -> int:
-        """Mark the groups as used by `step` and add its policy version, in one transaction.
+    ) -> PolicyVersion:
+        """Mark the groups as used by `step` and add its policy version, in one transaction;
+        the version recorded.
 
         Raises UserError, writing nothing, when a group was used already or the step exists:
         each group trains once and policy versions stay contiguous.
@@ -137,20 +138,20 @@ class Training(Database):
             with self._writing() as connection:
                 _take_groups(connection, campaign_id, group_ids, step, train_step=step)
                 now = utc_now()
+                row = {
+                    "campaign_id": campaign_id,
+                    "step": step,
+                    "path": path,
+                    "metrics": finite(metrics),
+                    "created_at": now,
+                }
                 policy_id = connection.execute(
-                    insert(POLICY).returning(POLICY.c.id),
-                    {
-                        "campaign_id": campaign_id,
-                        "step": step,
-                        "path": path,
-                        "metrics": finite(metrics),
-                        "created_at": now,
-                    },
+                    insert(POLICY).returning(POLICY.c.id), row
                 ).scalar_one()
-                payload = {"step": step, "policy_version_id": policy_id, **finite(metrics)}
+                payload = {"step": step, "policy_version_id": policy_id, **row["metrics"]}
                 log_event(connection, campaign_id, "train_step", payload, now)
                 faults.point("train_commit")  # written, not yet committed
-                return policy_id
+                return PolicyVersion(id=policy_id, **row)
         except IntegrityError:
             raise UserError(
                 f"policy version {step} of campaign {campaign_id} exists already; "
@@ -188,22 +189,22 @@ class Training(Database):
             ).all()
         return [dict(row.payload) for row in rows]
 
-    def policies(self, campaign_id: int) -> list[PolicyRecord]:
+    def policies(self, campaign_id: int) -> list[PolicyVersion]:
         """The campaign's policy versions by step."""
         with self._reading() as connection:
             rows = connection.execute(
                 select(POLICY).where(POLICY.c.campaign_id == campaign_id).order_by(POLICY.c.step)
             ).all()
-        return [_policy_record(row) for row in rows]
+        return [_policy_version(row) for row in rows]
 
-    def first_changed_policy(self, campaign_id: int) -> PolicyRecord | None:
+    def first_changed_policy(self, campaign_id: int) -> PolicyVersion | None:
         """The first policy version whose weights differ from the campaign's starting ones: the
         version of the first step that trained some rollout. A step whose advantages were all 0
         records a version with the weights it was given (`trained` 0 in its metrics); a version
         without the count, from an older run, counts as changed."""
         return next((p for p in self.policies(campaign_id) if moved_weights(p.metrics)), None)
 
-    def latest_policy(self, campaign_id: int) -> PolicyRecord | None:
+    def latest_policy(self, campaign_id: int) -> PolicyVersion | None:
         with self._reading() as connection:
             row = connection.execute(
                 select(POLICY)
@@ -211,7 +212,7 @@ class Training(Database):
                 .order_by(POLICY.c.step.desc())
                 .limit(1)
             ).one_or_none()
-        return None if row is None else _policy_record(row)
+        return None if row is None else _policy_version(row)
 
 
 def moved_weights(metrics: Mapping[str, Any]) -> bool:
@@ -269,7 +270,7 @@ def _training_rollout(
         token_ids=tuple(row.token_ids),
         logprobs=None if row.logprobs is None else tuple(row.logprobs),
         # No policy version: the model the campaign started from, step 0.
-        sampled_step=0 if row.step is None else row.step,
+        version=0 if row.step is None else row.step,
         candidates=tuple(
             None if slot.get("program_id") is None else scores.get(slot["program_id"], {})
             for slot in slots
@@ -281,8 +282,8 @@ def _training_rollout(
     )
 
 
-def _policy_record(row: Any) -> PolicyRecord:
-    return PolicyRecord(row.id, row.campaign_id, row.step, row.path, row.metrics, row.created_at)
+def _policy_version(row: Any) -> PolicyVersion:
+    return PolicyVersion(row.id, row.campaign_id, row.step, row.path, row.metrics, row.created_at)
 
 
 def _take_groups(
