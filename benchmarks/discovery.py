@@ -111,7 +111,7 @@ STDERR_TAIL_LINES = 3
 STOP_GRACE_S = 10
 
 
-# The measures: pure functions on arrays (the hypervolume is harness.observation.measures').
+# The measures: pure functions on arrays (the hypervolume is trainer.measures').
 
 
 def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -363,7 +363,7 @@ def stop(process: subprocess.Popen[str]) -> None:
 
 def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
     from harness.store import Store
-    from harness.store.training import moved_weights
+    from harness.store.versions import moved_weights
 
     with Store.open(db, read_only=True) as store:
         campaign_id = store.campaigns()[0].id

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reporting import publish  # noqa: E402
 
-from harness.config.settings import CampaignConfig  # noqa: E402
+from harness.config.settings import CampaignSettings  # noqa: E402
 from harness.evaluation.sandbox import Sandbox  # noqa: E402
 from harness.evolution.loop import evolve, open_campaign, prepare  # noqa: E402
 from harness.llm import make_generator  # noqa: E402
@@ -45,7 +45,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "generator_busy.md"
 TARGET = 0.90
 
 
-def run(config: CampaignConfig, generator, folder: Path, overlap: bool) -> dict[str, float]:
+def run(config: CampaignSettings, generator, folder: Path, overlap: bool) -> dict[str, float]:
     problem = load_problem(config.problem)
     path = folder / f"{'overlapped' if overlap else 'sequential'}.db"
     with Store.open(path) as store, Sandbox(workers=config.sandbox_workers) as sandbox:
@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
     parser.add_argument("--model", default="smollm2")
     args = parser.parse_args()
-    config = CampaignConfig(
+    config = CampaignSettings(
         problem=args.problem,
         iterations=args.iterations,
         max_tokens=args.max_tokens,

@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from reporting import publish  # noqa: E402
 
-from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig, build  # noqa: E402
+from harness.config.settings import DEFAULT_CONCURRENCY, CampaignSettings, build  # noqa: E402
 from harness.evaluation.sandbox import Sandbox  # noqa: E402
 from harness.evolution.loop import evolve, open_campaign, prepare, run_campaign  # noqa: E402
 from harness.observation.time_split import EVENT, split  # noqa: E402
@@ -86,7 +86,7 @@ TRAINING = {
     "overlong_buffer": 32,
 }
 # The campaign's nucleus (`top_p`'s default), which the replay samples with too.
-TOP_P = CampaignConfig().top_p
+TOP_P = CampaignSettings().top_p
 TARGET_CAMPAIGN = 0.8
 TARGET_BATCH = 0.8
 TARGET_TRAINED = 0.6

@@ -152,7 +152,7 @@ def probe(
     from harness.evolution.loop import prepare
     from harness.evolution.prompts import build_prompt
     from harness.learning.publish import SavedVersion, step_name
-    from harness.learning.training import base_generator
+    from harness.llm.choice import base_generator
     from harness.store import Store
     from problems.registry import load
     from trainer.policy import Policy

@@ -251,7 +251,7 @@ class Summary:
 
 @dataclass(frozen=True)
 class IterationMeasures:
-    """What one iteration's candidates measure (harness/observation/measures.py): the share of its
+    """What one iteration's candidates measure (trainer/measures.py): the share of its
     rollouts that parsed entirely and the pool diversity of its candidate slots. None where
     there is none: a skipped iteration has neither, fewer than two slots with a program have
     no diversity."""

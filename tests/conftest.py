@@ -458,7 +458,7 @@ def campaign_invariants(
             ).all()
             assert all(d <= seen["upto"] for d in drafts)
             assert sorted(t.position for t in trajectories) == expected
-            # What its candidates measure is stored with it (harness/observation/measures.py).
+            # What its candidates measure is stored with it (trainer/measures.py).
             if trajectories:
                 parsed = [t.parse_status == "ok" for t in trajectories]
                 assert group.parse_rate == pytest.approx(sum(parsed) / len(parsed))

@@ -392,7 +392,7 @@ def test_two_vpo_steps_on_smollm2_inside_a_campaign(tmp_path: Path) -> None:
     generator samples from the new version (it holds the very weights the trainer stepped)."""
     import torch
 
-    from harness.learning.training import start_trainer, trainer_generator
+    from harness.learning.steps import start_trainer, trainer_generator
     from harness.llm.transformers_backend import TransformersGenerator
     from trainer.models import load_model
 

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 from harness.config.errors import UserError
 from harness.config.settings import build
 from harness.evolution.loop import run_campaign
-from harness.learning.training import base_generator
 from harness.llm import Completion, Message, Sampling, Weights, make_generator
+from harness.llm.choice import base_generator
 from harness.store import Store
 from harness.store.models import RolloutGroup
 from problems.circle_packing import CirclePacking

@@ -9,13 +9,13 @@ import pytest
 
 from harness.config.errors import UserError
 from harness.config.files import load_toml
-from harness.config.settings import KEYS, TRAINING_KEYS, CampaignConfig, build
+from harness.config.settings import KEYS, TRAINING_KEYS, CampaignSettings, build
 from harness.config.training import TrainSettings
 from harness.config.values import FLOAT_RANGES
 
 
 def test_defaults_are_what_a_user_would_pick() -> None:
-    config = CampaignConfig()
+    config = CampaignSettings()
     assert (config.backend, config.model, config.group_size, config.candidates) == (
         "auto",
         "smollm2",
@@ -131,7 +131,7 @@ def test_every_setting_has_one_section_or_the_top(tmp_path: Path) -> None:
     docs = (Path(__file__).parents[1] / "docs" / "campaigns.md").read_text()
     file = tmp_path / "campaign.toml"
     file.write_text(docs.split("```toml\n", 1)[1].split("```", 1)[0])
-    assert build(load_toml(file)) == CampaignConfig(iterations=50)
+    assert build(load_toml(file)) == CampaignSettings(iterations=50)
 
 
 FLOAT_SETTINGS = sorted(name for name, f in KEYS.items() if f.type == "float")
@@ -145,7 +145,7 @@ def test_every_float_setting_has_a_range() -> None:
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 1e300, -1.0])
 def test_float_settings_must_be_finite_and_in_range(key: str, value: float) -> None:
     """From a layer (file, flags, stored) and built directly alike, one line naming the key."""
-    record = TrainSettings if key in TRAINING_KEYS else CampaignConfig
+    record = TrainSettings if key in TRAINING_KEYS else CampaignSettings
     for attempt in (lambda: build({key: value}), lambda: record(**{key: value})):
         with pytest.raises(UserError, match=f"config key '{key}' must be .*, got") as info:
             attempt()

@@ -288,7 +288,7 @@ def test_the_first_step_waits_for_the_warm_up_samples_then_takes_them_all(databa
     """The small campaign holds two waiting groups of 2 and 1 rollouts. With warmup_samples 4
     no step may start; with 3 the first step takes both groups; without a warm-up it takes the
     oldest `every`; once a version is recorded the warm-up is over."""
-    from harness.learning.training import CampaignTrainer, _waiting_groups
+    from harness.learning.steps import CampaignTrainer, _waiting_groups
     from harness.records import PolicyVersion
 
     store = Store.open(database)

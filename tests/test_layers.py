@@ -125,13 +125,13 @@ RULES = [
     ("harness.evolution.prompts", "harness.store"),
     ("harness.evolution.parsing", "harness.store"),
     ("harness.evolution.iteration", "harness.store"),
-    ("harness.observation.measures", "harness.store"),
+    ("harness.observation.windows", "harness.store"),
     ("harness.evolution.selection", "harness.evaluation.sandbox"),
     ("harness.evolution.population", "harness.evaluation.sandbox"),
     ("harness.evolution.prompts", "harness.evaluation.sandbox"),
     ("harness.evolution.parsing", "harness.evaluation.sandbox"),
     ("harness.evolution.iteration", "harness.evaluation.sandbox"),
-    ("harness.observation.measures", "harness.evaluation.sandbox"),
+    ("harness.observation.windows", "harness.evaluation.sandbox"),
     ("harness.observation.views", "harness.evolution.loop"),
 ]
 # Beside the rooms, the shared bottom every room may import: the frozen records they pass, and

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from sqlalchemy import select, update
 
 from harness.cli import main
-from harness.observation.measures import rolling_mean
+from harness.observation.windows import rolling_mean
 from harness.records import CandidateRecord, NewGroup, NewProgram, RolloutRecord, code_hash
 from harness.store import Store
 from harness.store.models import RolloutGroup

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from harness.cli.render import size, status_rows
 from harness.config.errors import UserError
 from harness.config.files import load_toml
-from harness.config.settings import CampaignConfig, build
+from harness.config.settings import CampaignSettings, build
 from harness.config.training import KEEP_VERSIONS
 from harness.evolution.loop import run_campaign
 from harness.learning import publish as publishing
@@ -325,7 +325,7 @@ def test_prune_keeps_the_newest_and_those_in_use(tmp_path: Path) -> None:
 def test_keep_versions_is_a_setting_with_a_flag_and_a_toml_key(tmp_path: Path) -> None:
     from harness.cli.parser import build_parser
 
-    assert CampaignConfig().training.keep_versions == KEEP_VERSIONS == 3
+    assert CampaignSettings().training.keep_versions == KEEP_VERSIONS == 3
     file = tmp_path / "c.toml"
     file.write_text("[training]\nkeep_versions = 5\n")
     assert build(load_toml(file)).training.keep_versions == 5

@@ -7,8 +7,8 @@ from __future__ import annotations
 from conftest import require_vllm
 
 from harness.config.settings import build
-from harness.learning.training import base_generator
 from harness.llm import Sampling
+from harness.llm.choice import base_generator
 
 PROMPT = [{"role": "user", "content": "Write a function that adds two numbers, please."}]
 UNSEEDED = Sampling(temperature=1.0, top_p=1.0, max_tokens=8)  # as a campaign asks

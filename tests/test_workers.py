@@ -151,10 +151,10 @@ class _Racing(Store):
 def test_a_worker_whose_version_was_pruned_while_it_loaded_takes_the_newer_one(
     tiny_model: str, tmp_path: Path
 ) -> None:
-    from harness.config.settings import CampaignConfig
+    from harness.config.settings import CampaignSettings
     from harness.evolution.worker import _newest
 
-    config = CampaignConfig(model=tiny_model, backend="transformers")
+    config = CampaignSettings(model=tiny_model, backend="transformers")
     with _Racing.open(f"sqlite:///{tmp_path / 'w.db'}") as store:
         store.newer = Path(tiny_model)
         campaign = store.create_campaign("w", "circle_packing", {}, 0)
@@ -172,10 +172,10 @@ def test_a_worker_whose_newest_version_is_missing_stops_with_one_line(
     tiny_model: str, tmp_path: Path
 ) -> None:
     from harness.config.errors import UserError
-    from harness.config.settings import CampaignConfig
+    from harness.config.settings import CampaignSettings
     from harness.evolution.worker import _newest
 
-    config = CampaignConfig(model=tiny_model, backend="transformers")
+    config = CampaignSettings(model=tiny_model, backend="transformers")
     with Store.open(f"sqlite:///{tmp_path / 'w.db'}") as store:
         campaign = store.create_campaign("w", "circle_packing", {}, 0)
         gone = str(tmp_path / "policies" / "step-000001")

@@ -11,7 +11,7 @@ problems alike (pure numpy, in the trainer's layer, the lowest, so that all of t
     Pareto front     the rows no other row dominates (>= everywhere, > somewhere), maximising
     hypervolume      the volume the rows dominate above the reference point 0 (exact, slicing)
 
-`harness.observation.measures` says how a campaign applies them.
+`harness.observation.windows` and `harness.store.series` say how a campaign applies them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What every command's parser shares: one-line usage errors, the argument types, and the
-settings as flags, made from the fields of `CampaignConfig` and its `TrainSettings` so that a
+settings as flags, made from the fields of `CampaignSettings` and its `TrainSettings` so that a
 new setting is written once (harness/config/settings.py, training.py) and every command that
 takes settings has its flag, with the same name, help and default."""
 

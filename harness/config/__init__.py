@@ -1,6 +1,6 @@
 """Settings and what every room shares:
 
-    settings   every campaign knob once, with its default, check and help (`CampaignConfig`,
+    settings   every campaign knob once, with its default, check and help (`CampaignSettings`,
                `build`)
     training   how a policy learns wherever it is trained (`TrainSettings`), and the offline
                and answer-problem commands' settings

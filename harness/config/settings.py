@@ -41,7 +41,7 @@ from harness.config.values import (
     toml_value,
 )
 
-# "auto": vllm where it is installed, else transformers (harness.learning.training.resolve_backend).
+# "auto": vllm where it is installed, else transformers (harness.llm.choice.resolve_backend).
 BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
@@ -65,7 +65,7 @@ TRACKERS = ("tensorboard", "wandb", "trackio", "mlflow")
 
 
 @dataclass(frozen=True)
-class CampaignConfig:
+class CampaignSettings:
     problem: str = "circle_packing"
     name: str | None = None  # campaign name; default: the problem's name
     seed: int = setting(0, "random seed ({default})")
@@ -297,7 +297,7 @@ def _toml_line(name: str, value: Any) -> str:
 
 
 # Every setting has one name: the campaign's own, and its training's (the [training] table).
-CAMPAIGN_KEYS = {f.name: f for f in fields(CampaignConfig) if f.name != "training"}
+CAMPAIGN_KEYS = {f.name: f for f in fields(CampaignSettings) if f.name != "training"}
 TRAINING_KEYS = {f.name: f for f in fields(TrainSettings)}
 KEYS = {**CAMPAIGN_KEYS, **TRAINING_KEYS}
 if len(KEYS) != len(CAMPAIGN_KEYS) + len(TRAINING_KEYS):
@@ -311,7 +311,7 @@ if {name for name, f in KEYS.items() if str(f.type) == "float"} != set(FLOAT_RAN
     )
 
 
-def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
+def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignSettings:
     """The config from layers applied in order (stored, then file, then flags); None means
     unset. A layer names each setting by its one name, or holds the training ones in a
     "training" table (as a campaign stores them); a campaign stored before the training
@@ -324,7 +324,7 @@ def build(*layers: Mapping[str, Any], where: str = "config") -> CampaignConfig:
             if value is not None:
                 merged[key] = _coerce(key, value)
     training = TrainSettings(**{k: merged.pop(k) for k in list(merged) if k in TRAINING_KEYS})
-    return CampaignConfig(**merged, training=training)
+    return CampaignSettings(**merged, training=training)
 
 
 def _spread(layer: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -374,7 +374,7 @@ def _coerce(key: str, value: Any) -> Any:
         raise UserError(f"config key {key!r} must be {expected}, got {value!r}") from None
 
 
-def _check_floats(config: CampaignConfig) -> None:
+def _check_floats(config: CampaignSettings) -> None:
     for key in FLOAT_RANGES:
         if key not in TrainSettings.__dataclass_fields__:  # those check themselves
             check_float(key, getattr(config, key))

@@ -36,7 +36,7 @@ class Sampling:
     """What a step needs beside `TrainSettings`: the model a policy starts from, how its
     rollouts were sampled (log-probs are of logits / temperature within the nucleus top_p, as
     the sampler's were), the longest prompt + completion it trains on, and the seed. A
-    campaign's comes from its own settings (`CampaignConfig.sampling`)."""
+    campaign's comes from its own settings (`CampaignSettings.sampling`)."""
 
     model: str = DEFAULT_MODEL
     temperature: float = 1.0
@@ -49,7 +49,7 @@ class Sampling:
 @dataclass(frozen=True)
 class TrainSettings:
     """How a policy learns, wherever it is trained: inside a campaign (the [training] section of
-    its file, `CampaignConfig.training`), beside workers (`vpo train --follow`), offline on a
+    its file, `CampaignSettings.training`), beside workers (`vpo train --follow`), offline on a
     campaign's groups (`vpo train --db`), by RL on an answer problem (`vpo train --problem`).
     Each field made with `setting` is a flag of `vpo run` and, unless `campaign_only`, of
     `vpo train`."""

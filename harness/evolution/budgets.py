@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from harness.config.settings import CampaignConfig
+    from harness.config.settings import CampaignSettings
     from harness.evolution.iteration import SampledIteration
     from harness.store import Store
 
@@ -25,7 +25,7 @@ class Spend:
     def total(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def cost(self, config: CampaignConfig) -> float | None:
+    def cost(self, config: CampaignSettings) -> float | None:
         """Dollars at the config's prices per million tokens; None when it sets none."""
         if config.price_prompt is None and config.price_completion is None:
             return None
@@ -39,7 +39,7 @@ class Spend:
             self.prompt_tokens += sampled.prompt_tokens  # 0 when skipped
             self.completion_tokens += sum(c.num_tokens for c in sampled.completions)
 
-    def stop_reason(self, config: CampaignConfig) -> str | None:
+    def stop_reason(self, config: CampaignSettings) -> str | None:
         """Why no new batch may start (a budget reached, and how to go on), else None."""
         if config.max_total_tokens is not None and self.total >= config.max_total_tokens:
             return (
@@ -54,7 +54,7 @@ class Spend:
             )
         return None
 
-    def line(self, config: CampaignConfig) -> str:
+    def line(self, config: CampaignSettings) -> str:
         """The cost, for the end of `vpo run` (the config sets a price)."""
         return (
             f"cost: ${self.cost(config):.4f} for {self.prompt_tokens} prompt and "
@@ -75,7 +75,7 @@ def stored_spend(store: Store, campaign_id: int) -> Spend:
     return spend
 
 
-def counts_spend(config: CampaignConfig) -> bool:
+def counts_spend(config: CampaignSettings) -> bool:
     """Whether a run keeps count of its tokens: a budget or a price is set."""
     return any(
         value is not None

@@ -38,13 +38,13 @@ from harness.llm.base import storable
 from harness.observation.ledger import Ledger, timed
 
 if TYPE_CHECKING:
-    from harness.config.settings import CampaignConfig
+    from harness.config.settings import CampaignSettings
     from harness.evolution.run import CampaignRun
     from harness.records import PolicyVersion
 
 
 @dataclass(frozen=True)
-class LoopSettings:
+class LoopConfig:
     """How iterations select, prompt and sample, from the campaign's settings."""
 
     selection: SelectionConfig
@@ -53,7 +53,7 @@ class LoopSettings:
     budget: PromptBudget | None  # None: the model's context length is unknown
 
 
-def loop_settings(config: CampaignConfig, generator: Generator) -> LoopSettings:
+def loop_settings(config: CampaignSettings, generator: Generator) -> LoopConfig:
     selection = SelectionConfig(
         islands=config.islands,
         migration_interval=config.migration_interval,
@@ -65,12 +65,12 @@ def loop_settings(config: CampaignConfig, generator: Generator) -> LoopSettings:
         max_tokens=config.max_tokens,
         timeout=call_timeout_for(config, generator),
     )
-    return LoopSettings(
+    return LoopConfig(
         selection, sampling, concurrency_for(config, generator), prompt_budget(config, generator)
     )
 
 
-def describe(generator: Generator, settings: LoopSettings) -> str:
+def describe(generator: Generator, settings: LoopConfig) -> str:
     """One line on how a campaign generates, for the start of its output."""
     budget = (
         f"prompts up to {settings.budget.tokens} tokens ({settings.budget.why})"
@@ -84,7 +84,7 @@ def describe(generator: Generator, settings: LoopSettings) -> str:
     )
 
 
-def concurrency_for(config: CampaignConfig, generator: Generator) -> int:
+def concurrency_for(config: CampaignSettings, generator: Generator) -> int:
     """`config.concurrency`, or the backend's default when it is 0."""
     if config.concurrency:
         return config.concurrency
@@ -93,7 +93,7 @@ def concurrency_for(config: CampaignConfig, generator: Generator) -> int:
     return DEFAULT_CONCURRENCY.get(generator.backend, 1)
 
 
-def call_timeout_for(config: CampaignConfig, generator: Generator) -> int:
+def call_timeout_for(config: CampaignSettings, generator: Generator) -> int:
     """`config.call_timeout`, or the default for a server or an in-process backend when 0."""
     if config.call_timeout:
         return config.call_timeout
@@ -106,7 +106,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def prompt_budget(config: CampaignConfig, generator: Generator) -> PromptBudget | None:
+def prompt_budget(config: CampaignSettings, generator: Generator) -> PromptBudget | None:
     """The prompt's token budget: the context length (`context_tokens`, else what the model or
     server says) minus `max_tokens`, and in a campaign that trains no more than the training
     length minus `max_tokens`, so the trainer takes every rollout whole (one budget: a prompt
@@ -141,10 +141,10 @@ def prompt_budget(config: CampaignConfig, generator: Generator) -> PromptBudget 
 
 
 def sample_batch(
-    campaign: CampaignRun,
+    run: CampaignRun,
     generator: Generator,
     iterations: Sequence[int],
-    settings: LoopSettings,
+    settings: LoopConfig,
     version: PolicyVersion | None = None,
     ledger: Ledger | None = None,
 ) -> list[SampledIteration]:
@@ -153,13 +153,13 @@ def sample_batch(
     version `version`; None: the base weights) and the programs migrating after it. `ledger`
     times the selecting and the generating."""
     with timed(ledger, "selecting"):
-        chosen = [_choose(campaign, k, settings, version) for k in iterations]
+        chosen = [_choose(run, k, settings, version) for k in iterations]
     asking = [c for c in chosen if c.skipped is None]
     with timed(ledger, "generating"):
         results = _generate(
-            generator, [c.prompt for c in asking], campaign.config.group_size, settings.sampling
+            generator, [c.prompt for c in asking], run.config.group_size, settings.sampling
         )
-    progress = campaign.progress
+    progress = run.progress
     done: dict[int, SampledIteration] = {}
     for c, (result, _) in zip(asking, results, strict=True):
         if isinstance(result, GenerationError):
@@ -174,28 +174,28 @@ def sample_batch(
 
 
 def _choose(
-    campaign: CampaignRun, iteration: int, settings: LoopSettings, version: PolicyVersion | None
+    run: CampaignRun, iteration: int, settings: LoopConfig, version: PolicyVersion | None
 ) -> SampledIteration:
     """Iteration k before generation: selection, prompt (or why there is none), migrations."""
-    rng = np.random.default_rng([campaign.config.seed, iteration])
-    refresh_population(campaign)
-    population = snapshot(campaign)
-    selection = _select(campaign, iteration, rng, settings.selection)
-    parent, *drafts = campaign.store.programs_by_ids([selection.parent_id, *selection.draft_ids])
+    rng = np.random.default_rng([run.config.seed, iteration])
+    refresh_population(run)
+    population = snapshot(run)
+    selection = _select(run, iteration, rng, settings.selection)
+    parent, *drafts = run.store.programs_by_ids([selection.parent_id, *selection.draft_ids])
     skipped = None
     prompt: list[Message] = []
     try:
         prompt = build_prompt(
-            campaign.problem,
+            run.problem,
             parent,
             drafts,
-            campaign.config.candidates,
+            run.config.candidates,
             settings.budget,
-            campaign.compact,
+            run.compact,
         )
     except PromptTooLong as error:
         skipped = f"prompt too long: {error}"
-    moving = _migrations(campaign, iteration, rng, settings.selection)
+    moving = _migrations(run, iteration, rng, settings.selection)
     return SampledIteration(
         iteration,
         selection,
@@ -209,38 +209,36 @@ def _choose(
     )
 
 
-def snapshot(campaign: CampaignRun) -> dict[str, Any]:
+def snapshot(run: CampaignRun) -> dict[str, Any]:
     """What a selection sees now: the population's size, its valid programs, the highest
     program id in it (the population is every program of the campaign up to that id) and its
     programs per island."""
-    population = campaign.population
-    islands = np.bincount(population.islands, minlength=campaign.config.islands)
+    population = run.population
+    islands = np.bincount(population.islands, minlength=run.config.islands)
     return {
         "programs": len(population),
         "valid": int(population.valid.sum()),
-        "upto": campaign.last_program_id,
+        "upto": run.last_program_id,
         "islands": [int(n) for n in islands],
     }
 
 
 def _select(
-    campaign: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
+    run: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
 ) -> Selection:
-    if campaign.config.strategy == "best-of-n":
+    if run.config.strategy == "best-of-n":
         # The baseline: the same prompt every time, so evolution's gain can be measured.
-        return Selection(island=0, parent_id=campaign.seed_id, draft_ids=())
-    return select(campaign.population, iteration, rng, config)
+        return Selection(island=0, parent_id=run.seed_id, draft_ids=())
+    return select(run.population, iteration, rng, config)
 
 
 def _migrations(
-    campaign: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
+    run: CampaignRun, iteration: int, rng: np.random.Generator, config: SelectionConfig
 ) -> list[tuple[int, int]]:
     """(program id, destination island) of the programs migrating after this iteration."""
-    if campaign.config.strategy != "evolve" or not should_migrate(
-        iteration, config.migration_interval
-    ):
+    if run.config.strategy != "evolve" or not should_migrate(iteration, config.migration_interval):
         return []
-    return migrants(campaign.population, config.islands, config.migrants_per_island, rng)
+    return migrants(run.population, config.islands, config.migrants_per_island, rng)
 
 
 Result = tuple[list[Completion] | GenerationError, float]  # and the seconds it took

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from harness.config.errors import IterationRecorded, UserError
-from harness.config.settings import CampaignConfig
+from harness.config.settings import CampaignSettings
 from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate, evaluate_many
 from harness.evaluation.sandbox import Sandbox
@@ -39,16 +39,15 @@ from harness.evolution.iteration import (
 from harness.evolution.novelty import Novelty
 from harness.evolution.population import Population
 from harness.evolution.run import CampaignRun, refresh_population
-from harness.learning.trackers import check_installed, open_reporter
-from harness.learning.training import (
-    base_generator,
-    check_backend,
+from harness.learning.steps import (
     start_trainer,
     train_next_version,
     trainer_generator,
     untrained_note,
 )
+from harness.learning.trackers import check_installed, open_reporter
 from harness.llm import Generator
+from harness.llm.choice import base_generator, check_backend
 from harness.observation.ledger import Ledger, LoopClock, batch_payload, timed
 from harness.observation.progress import Progress
 from harness.observation.time_split import EVENT
@@ -59,7 +58,7 @@ from problems.api import Compact, Evaluation, Problem
 log = logging.getLogger(__name__)
 
 
-def open_campaign(store: Store, config: CampaignConfig, problem: Problem) -> int:
+def open_campaign(store: Store, config: CampaignSettings, problem: Problem) -> int:
     name = config.name or problem.name
     existing = store.get_campaign(name)
     if existing is None:
@@ -92,7 +91,7 @@ def ensure_seed(
 
 
 def run_campaign(
-    config: CampaignConfig,
+    config: CampaignSettings,
     store: Store,
     problem: Problem,
     *,
@@ -121,36 +120,32 @@ def run_campaign(
         check_backend(config)  # before the campaign is touched
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
-    campaign: CampaignRun | None = None
+    run: CampaignRun | None = None
     stopped: str | None = None  # the budget that ended the run before its iterations
     try:
         with Sandbox(workers=config.sandbox_workers) as sandbox:
-            campaign = prepare(config, store, problem, campaign_id, sandbox)
-            campaign.spend = spend if counts_spend(config) else None
+            run = prepare(config, store, problem, campaign_id, sandbox)
+            run.spend = spend if counts_spend(config) else None
             name = config.name or problem.name
-            campaign.reporter = open_reporter(config, store, campaign_id, name, campaign.objectives)
-            if campaign.reporter is not None and say:
-                say(f"reporting to {', '.join(config.report_to)} in {campaign.reporter.folder}")
+            run.reporter = open_reporter(config, store, campaign_id, name, run.objectives)
+            if run.reporter is not None and say:
+                say(f"reporting to {', '.join(config.report_to)} in {run.reporter.folder}")
             if store.missing_iterations(campaign_id, config.iterations):
-                campaign.trainer = start_trainer(
-                    config, store, campaign_id, name, campaign.objectives
-                )
-                if generator is None and campaign.trainer is not None:
-                    generator = trainer_generator(config, campaign.trainer)
+                run.trainer = start_trainer(config, store, campaign_id, name, run.objectives)
+                if generator is None and run.trainer is not None:
+                    generator = trainer_generator(config, run.trainer)
                 elif generator is None:
                     generator = base_generator(config)
-                stopped = evolve(campaign, generator, on_progress, say=say)
+                stopped = evolve(run, generator, on_progress, say=say)
             elif (
                 config.training.train_every
                 and store.untrained_count(campaign_id) >= config.training.train_every
             ):
                 # Killed after recording its last iteration, before training on the last
                 # groups: train on them now (no generator to start, nothing left to sample).
-                campaign.trainer = start_trainer(
-                    config, store, campaign_id, name, campaign.objectives
-                )
-                if train_waiting_groups(campaign, None) and on_progress:
-                    on_progress(config.iterations, campaign.progress)
+                run.trainer = start_trainer(config, store, campaign_id, name, run.objectives)
+                if train_waiting_groups(run, None) and on_progress:
+                    on_progress(config.iterations, run.progress)
             if config.training.train_every:
                 # The groups after the last step wait for an extended run (a step is worth its
                 # cost only when rollouts are sampled from it): say how many.
@@ -165,8 +160,8 @@ def run_campaign(
         _settle_status(store, campaign_id, "failed", before, done_before)
         raise
     finally:
-        if campaign is not None and campaign.reporter is not None:
-            campaign.reporter.close()
+        if run is not None and run.reporter is not None:
+            run.reporter.close()
         if owns_generator and generator is not None:
             generator.close()
     return campaign_id
@@ -183,7 +178,7 @@ def _settle_status(
 
 
 def prepare(
-    config: CampaignConfig, store: Store, problem: Problem, campaign_id: int, sandbox: Sandbox
+    config: CampaignSettings, store: Store, problem: Problem, campaign_id: int, sandbox: Sandbox
 ) -> CampaignRun:
     """The seed stored once, and the population and code hashes loaded from the database."""
     limits = Limits(
@@ -193,7 +188,7 @@ def prepare(
     compact = compact_form(config, problem)
     seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
     objectives = [o.name for o in problem.objectives]
-    campaign = CampaignRun(
+    run = CampaignRun(
         config,
         problem,
         store,
@@ -207,11 +202,11 @@ def prepare(
         Novelty(problem.entry, problem.family, config.near_duplicate),
         compact=compact,
     )
-    refresh_population(campaign)
-    return campaign
+    refresh_population(run)
+    return run
 
 
-def compact_form(config: CampaignConfig, problem: Problem) -> Compact | None:
+def compact_form(config: CampaignSettings, problem: Problem) -> Compact | None:
     """The problem's compact form when the config asks for it (None for whole programs); a
     problem without one is a one-line error."""
     if config.form != "compact":
@@ -225,7 +220,7 @@ def compact_form(config: CampaignConfig, problem: Problem) -> Compact | None:
 
 
 def evolve(
-    campaign: CampaignRun,
+    run: CampaignRun,
     generator: Generator,
     on_progress: Callable[[int, Progress], None] | None,
     *,
@@ -243,20 +238,20 @@ def evolve(
     generates while the one before is evaluated, and is sampled one step behind. Returns the
     line of the budget that stopped it before its iterations, else None.
     """
-    config = campaign.config
+    config = run.config
     settings = loop_settings(config, generator)
-    fresh = campaign.trainer is not None and sample_after_step(config, generator)
+    after_step = run.trainer is not None and sample_after_step(config, generator)
     if say:
         line = describe(generator, settings)
-        if campaign.trainer is not None:
-            order = "after the steps on the batch before" if fresh else "one step behind"
+        if run.trainer is not None:
+            order = "after the steps on the batch before" if after_step else "one step behind"
             line = f"{line}; each batch sampled {order}"
         say(line)
-    todo = campaign.store.missing_iterations(campaign.campaign_id, config.iterations)
+    todo = run.store.missing_iterations(run.campaign_id, config.iterations)
     streak = FailureStreak(config.max_failures)
     width = settings.concurrency
     # Tokens generated so far, the batches of this run counted as they are sampled.
-    spent = campaign.store.summary(campaign.campaign_id).tokens if config.token_budget else 0
+    spent = run.store.summary(run.campaign_id).tokens if config.token_budget else 0
     stopped: str | None = None
     # Where each batch's time goes (harness/observation/time_split.py): the loop's stages on this
     # thread, the evaluation thread's beside them, one `stages` event per batch.
@@ -265,33 +260,33 @@ def evolve(
         clock.watch(evaluator.submit(threading.get_ident).result())
         pending: Future[None] | None = None
         for start in range(0, len(todo), width):
-            stopped = budget_stop(campaign, spent)
+            stopped = budget_stop(run, spent)
             if stopped is not None:
                 if say:
                     say(stopped)  # the batch in flight is stored below
                 break
-            if fresh and pending is not None:  # the steps this batch allows, before the next
+            if after_step and pending is not None:  # the steps this batch allows, before the next
                 with clock.stage("waiting"):
                     pending.result()
                 pending = None
-                train_waiting_groups(campaign, generator, clock.ledger)
-            version = campaign.trainer.version if campaign.trainer else None
+                train_waiting_groups(run, generator, clock.ledger)
+            version = run.trainer.version if run.trainer else None
             batch = sample_batch(
-                campaign, generator, todo[start : start + width], settings, version, clock.ledger
+                run, generator, todo[start : start + width], settings, version, clock.ledger
             )
             tokens = sum(c.num_tokens for sampled in batch for c in sampled.completions)
             spent += tokens
-            if campaign.spend is not None:
-                campaign.spend.add(batch)  # counted once sampled: it is stored below
+            if run.spend is not None:
+                run.spend.add(batch)  # counted once sampled: it is stored below
             if pending is not None:
                 with clock.stage("waiting"):
                     pending.result()  # the batch before is stored before this one
-                train_waiting_groups(campaign, generator, clock.ledger)
+                train_waiting_groups(run, generator, clock.ledger)
             streak.update(batch)
             wall, loop = clock.period()
             timing = batch_payload([s.iteration for s in batch], tokens, wall, loop, {})
-            campaign.progress.time.add(timing)  # its evaluation's stages once done
-            pending = evaluator.submit(_store_and_report, campaign, batch, on_progress, timing)
+            run.progress.time.add(timing)  # its evaluation's stages once done
+            pending = evaluator.submit(_store_and_report, run, batch, on_progress, timing)
             if streak.reached:
                 pending.result()  # the skipped iterations are recorded, with their reasons
                 raise streak.error()
@@ -301,28 +296,28 @@ def evolve(
         if pending is not None:
             with clock.stage("waiting"):
                 pending.result()
-            trained = train_waiting_groups(campaign, generator, clock.ledger)
+            trained = train_waiting_groups(run, generator, clock.ledger)
             wall, loop = clock.period()  # the last wait and steps: a period of no batch
             last = batch_payload([], 0, wall, loop, {})
-            campaign.store.record_event(campaign.campaign_id, EVENT, last)
-            campaign.progress.time.add(last)
+            run.store.record_event(run.campaign_id, EVENT, last)
+            run.progress.time.add(last)
             if trained and on_progress:
                 # The last step too, at the last iteration stored (a budget may stop early).
-                done = campaign.store.iterations_done(campaign.campaign_id)
-                on_progress(done, campaign.progress)
+                done = run.store.iterations_done(run.campaign_id)
+                on_progress(done, run.progress)
     return stopped
 
 
-def budget_stop(campaign: CampaignRun, spent: int) -> str | None:
+def budget_stop(run: CampaignRun, spent: int) -> str | None:
     """Why no new batch may start: the generated tokens reached `token_budget` (`spent`, this
     run's batches counted as sampled), or a budget on what the campaign paid; else None."""
-    config = campaign.config
+    config = run.config
     if config.token_budget and spent >= config.token_budget:
         return f"token budget spent: {spent} of {config.token_budget} tokens generated"
-    return campaign.spend.stop_reason(config) if campaign.spend else None
+    return run.spend.stop_reason(config) if run.spend else None
 
 
-def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:
+def sample_after_step(config: CampaignSettings, generator: Generator) -> bool:
     """Whether each batch waits for the steps on the one before it. `auto`: yes where the
     engine shares the trainer's process (its cores, or its GPU), which idles while a step runs
     either way, so waiting costs only the overlap of one batch's evaluation with the next
@@ -333,7 +328,7 @@ def sample_after_step(config: CampaignConfig, generator: Generator) -> bool:
 
 
 def _store_and_report(
-    campaign: CampaignRun,
+    run: CampaignRun,
     batch: Sequence[SampledIteration],
     on_progress: Callable[[int, Progress], None] | None,
     timing: dict[str, Any] | None = None,
@@ -342,43 +337,43 @@ def _store_and_report(
     at once (not when the next generation ends, which on a CPU is minutes later); then the
     batch's `timing` (its loop stages, `batch_payload`) with this thread's stages added."""
     ledger = Ledger()
-    for sampled in evaluate_and_store(campaign, batch, ledger=ledger):
+    for sampled in evaluate_and_store(run, batch, ledger=ledger):
         with ledger.stage("reporting"):
-            if campaign.reporter is not None:
-                campaign.reporter.iteration(campaign.progress)
+            if run.reporter is not None:
+                run.reporter.iteration(run.progress)
             if on_progress:
-                on_progress(sampled.iteration + 1, campaign.progress)
+                on_progress(sampled.iteration + 1, run.progress)
     if timing is not None:  # the batch's stages, for `vpo status` and the progress line
         beside = ledger.take()
-        campaign.store.record_event(campaign.campaign_id, EVENT, {**timing, "beside": beside})
-        campaign.progress.time.add({"beside": beside})
+        run.store.record_event(run.campaign_id, EVENT, {**timing, "beside": beside})
+        run.progress.time.add({"beside": beside})
 
 
 def train_waiting_groups(
-    campaign: CampaignRun, generator: Generator | None, ledger: Ledger | None = None
+    run: CampaignRun, generator: Generator | None, ledger: Ledger | None = None
 ) -> bool:
     """Training steps while enough unused groups wait (the generator is idle meanwhile: it may
     share the weights being trained): one in the steady state, more when a resumed run finds
     the groups a killed one recorded but did not train on; True when any ran. A step that
     changed no weight is said once, as a warning with its reason, and then only counted on
     the progress line; the campaign goes on."""
-    if campaign.trainer is None:
+    if run.trainer is None:
         return False
     ran = False
-    while (metrics := train_next_version(campaign.trainer, generator, ledger)) is not None:
+    while (metrics := train_next_version(run.trainer, generator, ledger)) is not None:
         ran = True
         if metrics.skipped is not None:
-            campaign.progress.steps_skipped += 1
+            run.progress.steps_skipped += 1
             log.warning("vpo: training %s", metrics.line())
             continue
-        campaign.progress.train = metrics.line()
-        if campaign.reporter is not None:
-            campaign.reporter.train_step(metrics)
+        run.progress.train = metrics.line()
+        if run.reporter is not None:
+            run.reporter.train_step(metrics)
     return ran
 
 
 def evaluate_and_store(
-    campaign: CampaignRun,
+    run: CampaignRun,
     batch: Sequence[SampledIteration],
     *,
     lost: Callable[[SampledIteration], None] | None = None,
@@ -391,16 +386,16 @@ def evaluate_and_store(
     `lost`: called for an iteration another process recorded first (a worker whose claim ran
     out), which is then passed over; without it that is an error."""
     with timed(ledger, "parsing"):
-        groups = _classify(campaign, batch)
+        groups = _classify(run, batch)
     code = {digest: text for group in groups for digest, text in group.new_code.items()}
-    sandbox = campaign.sandbox
+    sandbox = run.sandbox
     with timed(ledger, "evaluating", lambda: sandbox.cpu_seconds):
-        evaluations = evaluate_many(campaign.problem, list(code.values()), sandbox, campaign.limits)
+        evaluations = evaluate_many(run.problem, list(code.values()), sandbox, run.limits)
     by_hash = dict(zip(code, evaluations, strict=True))
     for sampled, group in zip(batch, groups, strict=True):
         try:
             with timed(ledger, "storing"):
-                store_iteration(campaign, sampled, group, {h: by_hash[h] for h in group.new_code})
+                store_iteration(run, sampled, group, {h: by_hash[h] for h in group.new_code})
         except IterationRecorded:
             if lost is None:
                 raise
@@ -409,26 +404,26 @@ def evaluate_and_store(
         yield sampled
 
 
-def _classify(campaign: CampaignRun, batch: Sequence[SampledIteration]) -> list[ParsedGroup]:
+def _classify(run: CampaignRun, batch: Sequence[SampledIteration]) -> list[ParsedGroup]:
     """Each iteration's candidates classified (new, repeat, unparsed, ...), the new code of
     the iterations before it in the batch counted as seen."""
-    fresh: set[str] = set()
+    earlier: set[str] = set()  # new code of the batch's earlier iterations
     keys = BatchKeys()
     groups = []
     for sampled in batch:
         group = classify_group(
             [completion.text for completion in sampled.completions],
-            campaign.config.candidates,
+            run.config.candidates,
             sampled.parent.code,
-            _Either(campaign.seen, fresh),
-            campaign.problem.entry,
-            campaign.compact.program if campaign.compact else campaign.problem.admit,
-            family=campaign.problem.family,
-            memory=campaign.novelty,
+            _Either(run.seen, earlier),
+            run.problem.entry,
+            run.compact.program if run.compact else run.problem.admit,
+            family=run.problem.family,
+            memory=run.novelty,
             island=sampled.selection.island,
             batch=keys,
         )
-        fresh.update(group.new_code)
+        earlier.update(group.new_code)
         groups.append(group)
     return groups
 
@@ -444,7 +439,7 @@ class _Either:
 
 
 def store_iteration(
-    campaign: CampaignRun,
+    run: CampaignRun,
     sampled: SampledIteration,
     group: ParsedGroup,
     evaluations: Mapping[str, Evaluation],
@@ -453,8 +448,8 @@ def store_iteration(
     transaction; then this run's code hashes and progress."""
     selection = sampled.selection
     rollouts = rollout_records(group, sampled.completions, evaluations)
-    campaign.store.record_iteration(
-        campaign.campaign_id,
+    run.store.record_iteration(
+        run.campaign_id,
         NewGroup(
             iteration=sampled.iteration,
             island=selection.island,
@@ -470,8 +465,8 @@ def store_iteration(
         ),
         migrations=sampled.migrations,
     )
-    campaign.seen.update(group.new_code)
-    progress = campaign.progress
+    run.seen.update(group.new_code)
+    progress = run.progress
     for rollout in group.rollouts:
         for c in rollout.candidates:
             progress.duplicates += c.outcome == "duplicate"
@@ -481,7 +476,7 @@ def store_iteration(
     progress.evaluations += len(evaluations)
     progress.rollouts += len(rollouts)
     progress.parsed += sum(r.parse_status == "ok" for r in rollouts)
-    changed = campaign.trainer.changed_from if campaign.trainer else None
+    changed = run.trainer.changed_from if run.trainer else None
     version = sampled.version  # None: the base weights, never trained
     if changed is not None and version is not None and version.step >= changed.step:
         progress.trained += len(rollouts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.config.settings import CampaignConfig
+from harness.config.settings import CampaignSettings
 from harness.evaluation.calls import Limits
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.novelty import Novelty
@@ -17,15 +17,15 @@ from problems.api import Compact, Problem
 
 if TYPE_CHECKING:
     from harness.evolution.budgets import Spend
+    from harness.learning.steps import CampaignTrainer
     from harness.learning.trackers import Reporter
-    from harness.learning.training import CampaignTrainer
 
 
 @dataclass
 class CampaignRun:
     """Everything one run of a campaign works with (the campaign itself is in the database)."""
 
-    config: CampaignConfig
+    config: CampaignSettings
     problem: Problem
     store: Store
     campaign_id: int
@@ -45,22 +45,22 @@ class CampaignRun:
     compact: Compact | None = None  # the problem's compact form, when `form = "compact"`
 
 
-def refresh_population(campaign: CampaignRun) -> None:
+def refresh_population(run: CampaignRun) -> None:
     """Append the programs stored since the last refresh (by this or any other process), and
-    remember their trees, families and texts (`campaign.novelty`)."""
-    after = campaign.last_program_id
-    ids, islands, valid, scores, hashes = campaign.store.program_vectors(
-        campaign.campaign_id, campaign.objectives, after_id=after
+    remember their trees, families and texts (`run.novelty`)."""
+    after = run.last_program_id
+    ids, islands, valid, scores, hashes = run.store.program_vectors(
+        run.campaign_id, run.objectives, after_id=after
     )
     if not len(ids):
         return
-    for program in campaign.store.iter_programs(campaign.campaign_id, after=after):
+    for program in run.store.iter_programs(run.campaign_id, after=after):
         if program.id > ids[-1]:
             break  # stored since the vectors were read: the next refresh takes it
-        campaign.novelty.add(program.code, program.code_hash, program.island)
-    campaign.population.extend(ids, islands, scores, valid=valid, code_hashes=hashes)
+        run.novelty.add(program.code, program.code_hash, program.island)
+    run.population.extend(ids, islands, scores, valid=valid, code_hashes=hashes)
     if valid.any():
-        best = campaign.progress.best
-        for name, value in zip(campaign.objectives, scores[valid].max(axis=0), strict=True):
+        best = run.progress.best
+        for name, value in zip(run.objectives, scores[valid].max(axis=0), strict=True):
             best[name] = max(best.get(name, 0.0), float(value))
-    campaign.last_program_id = int(ids[-1])
+    run.last_program_id = int(ids[-1])

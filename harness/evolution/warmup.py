@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.errors import UserError
-from harness.config.settings import CampaignConfig
+from harness.config.settings import CampaignSettings
 from harness.evolution.iteration import expanded
 from harness.evolution.loop import compact_form
 from harness.evolution.parsing import parse_completion
@@ -77,14 +77,14 @@ def well_formed(
 
 
 def warm_up(
-    config: CampaignConfig,
+    config: CampaignSettings,
     problem: Problem,
     settings: WarmupSettings,
     out: Path,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Sample, keep the well-formed, fine-tune on them, write the model to `out`, measure."""
-    from harness.learning.training import base_generator
+    from harness.llm.choice import base_generator
 
     prompt, parent_code = _first_prompt(config, problem)
     sampling = Sampling(config.temperature, config.top_p, config.max_tokens, seed=config.seed)
@@ -129,7 +129,7 @@ def warm_up(
     return report
 
 
-def _first_prompt(config: CampaignConfig, problem: Problem) -> tuple[list[dict[str, str]], str]:
+def _first_prompt(config: CampaignSettings, problem: Problem) -> tuple[list[dict[str, str]], str]:
     """A campaign's first prompt: the seed, evaluated in the sandbox, no drafts (built in a
     scratch database by the campaign's own code)."""
     from harness.evaluation.sandbox import Sandbox
@@ -142,8 +142,8 @@ def _first_prompt(config: CampaignConfig, problem: Problem) -> tuple[list[dict[s
         try:
             campaign_id = store.create_campaign("warmup", problem.name, config.to_dict(), 0)
             with Sandbox(workers=1) as sandbox:
-                campaign = prepare(config, store, problem, campaign_id, sandbox)
-            seed = store.program(campaign.seed_id)
+                run = prepare(config, store, problem, campaign_id, sandbox)
+            seed = store.program(run.seed_id)
         finally:
             store.close()
     assert seed is not None
@@ -161,7 +161,7 @@ def _sample(
 
 
 def _fine_tune(
-    config: CampaignConfig,
+    config: CampaignSettings,
     settings: WarmupSettings,
     kept: list[Completion],
     out: Path,

@@ -12,15 +12,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.config.errors import UserError
-from harness.config.settings import CampaignConfig
+from harness.config.settings import CampaignSettings
 from harness.evaluation.sandbox import Sandbox
-from harness.evolution.generation import FailureStreak, LoopSettings, loop_settings, sample_batch
+from harness.evolution.generation import FailureStreak, LoopConfig, loop_settings, sample_batch
 from harness.evolution.iteration import SampledIteration
 from harness.evolution.loop import evaluate_and_store, prepare
 from harness.evolution.run import CampaignRun
 from harness.learning.publish import SavedVersion
-from harness.learning.training import base_generator, resolve_backend
 from harness.llm import Generator, make_generator
+from harness.llm.choice import base_generator, resolve_backend
 from harness.observation.ledger import Ledger, batch_payload
 from harness.observation.progress import Progress
 from harness.observation.time_split import EVENT
@@ -32,7 +32,7 @@ VERSION_TRIES = 5  # loads of a version pruned meanwhile, each retried with a ne
 
 
 def run_worker(
-    config: CampaignConfig,
+    config: CampaignSettings,
     store: Store,
     problem: Problem,
     worker: str,
@@ -57,7 +57,7 @@ def run_worker(
     done = 0
     version: PolicyVersion | None = None  # the one the generator samples from; None: the base
     with Sandbox(workers=config.sandbox_workers) as sandbox:
-        campaign = prepare(config, store, problem, campaign_id, sandbox)
+        run = prepare(config, store, problem, campaign_id, sandbox)
         streak = FailureStreak(config.max_failures)
         try:
             while True:
@@ -69,11 +69,11 @@ def run_worker(
                         break  # every iteration is recorded
                     time.sleep(poll_seconds)  # others are still working; one may die
                     continue
-                batch = _run_batch(campaign, generator, claimed, settings, version, worker)
+                batch = _run_batch(run, generator, claimed, settings, version, worker)
                 for sampled in batch:
                     done += 1
                     if on_progress:
-                        on_progress(sampled.iteration + 1, campaign.progress)
+                        on_progress(sampled.iteration + 1, run.progress)
                 streak.update(batch)  # the stored ones; a skipped iteration is stored too
                 if streak.reached:
                     raise streak.error()
@@ -86,16 +86,16 @@ def run_worker(
 
 
 def _run_batch(
-    campaign: CampaignRun,
+    run: CampaignRun,
     generator: Generator,
     claimed: list[int],
-    settings: LoopSettings,
+    settings: LoopConfig,
     version: PolicyVersion | None,
     worker: str,
 ) -> list[SampledIteration]:
     """The claimed iterations sampled, evaluated and stored; those this worker stored. On an
     error the claims of the iterations not stored are given back at once."""
-    store, campaign_id = campaign.store, campaign.campaign_id
+    store, campaign_id = run.store, run.campaign_id
     stored: list[SampledIteration] = []
     lost: list[int] = []
 
@@ -108,13 +108,13 @@ def _run_batch(
     # One thread does it all: its stages follow one another, all on the loop's side.
     ledger, started = Ledger(time.process_time), time.perf_counter()
     try:
-        batch = sample_batch(campaign, generator, claimed, settings, version, ledger)
-        stored.extend(evaluate_and_store(campaign, batch, lost=on_lost, ledger=ledger))
+        batch = sample_batch(run, generator, claimed, settings, version, ledger)
+        stored.extend(evaluate_and_store(run, batch, lost=on_lost, ledger=ledger))
         tokens = sum(c.num_tokens for sampled in batch for c in sampled.completions)
         wall = time.perf_counter() - started
         payload = batch_payload([s.iteration for s in stored], tokens, wall, ledger.take(), {})
         store.record_event(campaign_id, EVENT, payload | {"worker": worker})
-        campaign.progress.time.add(payload)
+        run.progress.time.add(payload)
     except BaseException:
         finished = {s.iteration for s in stored} | set(lost)
         for iteration in claimed:
@@ -128,8 +128,8 @@ def _claim(
     store: Store,
     campaign_id: int,
     worker: str,
-    config: CampaignConfig,
-    settings: LoopSettings,
+    config: CampaignSettings,
+    settings: LoopConfig,
     lease_seconds: float,
 ) -> list[int]:
     """Up to `concurrency` iterations claimed for `worker` (fewer near the end of the budget)."""
@@ -144,7 +144,7 @@ def _claim(
     return claimed
 
 
-def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem) -> int:
+def open_campaign_shared(store: Store, config: CampaignSettings, problem: Problem) -> int:
     """The campaign by name, created by whichever worker comes first."""
     name = config.name or problem.name
     for _ in range(3):
@@ -166,7 +166,7 @@ def open_campaign_shared(store: Store, config: CampaignConfig, problem: Problem)
 def _newest(
     store: Store,
     campaign_id: int,
-    config: CampaignConfig,
+    config: CampaignSettings,
     campaign_name: str,
     generator: Generator | None,
     loaded: PolicyVersion | None,
@@ -195,7 +195,7 @@ def _newest(
 
 
 def _worker_generator(
-    config: CampaignConfig,
+    config: CampaignSettings,
     campaign_name: str,
     latest: PolicyVersion | None,
     current: Generator | None,

@@ -1,6 +1,7 @@
 """Learning: everything that turns stored groups into policy versions.
 
-    training     the bridge to trainer/: groups to steps, a campaign's trainer, its generator
+    steps        the bridge to trainer/: groups to steps, a campaign's trainer, the generator
+                 that samples from its weights
     rewards      what a stored group scores (duplicates, the format, the token limit)
     publish      writing, loading and retiring policy versions
     offline      `vpo train --follow` and `vpo train --db`: training outside the loop

@@ -118,7 +118,7 @@ def train_answers(
     """Train `settings.sampling.model` with RL on `problem`; write the model and a report to
     `out`."""
     from harness.learning.offline import settings_json
-    from harness.learning.training import load_policy
+    from harness.learning.steps import load_policy
     from harness.llm.transformers_backend import TransformersGenerator
 
     sampled = replace(settings.sampling, sequence_tokens=settings.max_tokens + PROMPT_TOKENS)
@@ -174,7 +174,7 @@ def _rl_step(
 ) -> tuple[Any, dict[str, Any]]:
     """The next step: G completions of each picked training instance, scored, then one
     policy step on those groups; its metrics, and them with what the sampling yielded."""
-    from harness.learning.training import seeded_step
+    from harness.learning.steps import seeded_step
     from trainer.train import Group, Rollout
 
     started = time.perf_counter()

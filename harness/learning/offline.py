@@ -14,14 +14,14 @@ from harness.config.errors import UserError
 from harness.config.settings import build
 from harness.config.training import FOLLOW_EVERY, OfflineSettings
 from harness.learning.rewards import references, to_group
-from harness.learning.trackers import open_reporter
-from harness.learning.training import (
+from harness.learning.steps import (
     load_policy,
     seeded_step,
     start_trainer,
     train_next_version,
     untrained_note,
 )
+from harness.learning.trackers import open_reporter
 from harness.records import CampaignRecord
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from harness.config.errors import UserError
-from harness.config.settings import CampaignConfig
+from harness.config.settings import CampaignSettings
 from harness.learning.publish import safe_name
 from trainer.measures import front_points, hypervolume
 
@@ -64,7 +64,7 @@ def check_installed(names: tuple[str, ...]) -> None:
             )
 
 
-def tracker_folder(config: CampaignConfig, store: Store, campaign_id: int, name: str) -> Path:
+def tracker_folder(config: CampaignSettings, store: Store, campaign_id: int, name: str) -> Path:
     """`TRACKER_DIR/NAME-RUN`, the same for every database engine: TRACKER_DIR is
     `tracker_dir`, or `trackers` in the working directory. RUN is the run id's digest, so
     two databases that each hold a campaign of the same name never share a folder."""
@@ -91,7 +91,7 @@ def metric_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./]", "_", name)
 
 
-def parameters(config: CampaignConfig) -> dict[str, str | int | float | bool]:
+def parameters(config: CampaignSettings) -> dict[str, str | int | float | bool]:
     """The campaign's settings as flat scalar parameters, the training ones among the rest
     under their one names (lists joined, unset ones empty)."""
     flat: dict[str, str | int | float | bool] = {}
@@ -107,7 +107,7 @@ def parameters(config: CampaignConfig) -> dict[str, str | int | float | bool]:
 class TensorBoard:
     """Event files in one log dir; a resumed run adds an event file beside the old ones."""
 
-    def __init__(self, folder: Path, run: str, name: str, config: CampaignConfig) -> None:
+    def __init__(self, folder: Path, run: str, name: str, config: CampaignSettings) -> None:
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
@@ -132,7 +132,7 @@ class MLflow:
     """A run in a local MLflow store (SQLite: MLflow refuses its plain-file store), found again
     by its `vpo.run_id` tag."""
 
-    def __init__(self, folder: Path, run: str, name: str, config: CampaignConfig) -> None:
+    def __init__(self, folder: Path, run: str, name: str, config: CampaignSettings) -> None:
         import logging
 
         from mlflow.entities import Param
@@ -178,7 +178,7 @@ class WandB:
     """A wandb run with a fixed id, resumed when it exists; `WANDB_MODE=offline` writes it
     under the folder without a network (`wandb sync` uploads it later)."""
 
-    def __init__(self, folder: Path, run: str, name: str, config: CampaignConfig) -> None:
+    def __init__(self, folder: Path, run: str, name: str, config: CampaignSettings) -> None:
         import wandb
 
         fresh = not folder.exists()
@@ -208,7 +208,7 @@ class Trackio:
     """A trackio run, resumed by name; trackio keeps its runs under `TRACKIO_DIR`, which is
     set to the folder when the environment does not say otherwise."""
 
-    def __init__(self, folder: Path, run: str, name: str, config: CampaignConfig) -> None:
+    def __init__(self, folder: Path, run: str, name: str, config: CampaignSettings) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         os.environ.setdefault("TRACKIO_DIR", str(folder.resolve()))  # read when it is imported
         import trackio
@@ -344,7 +344,7 @@ class Reporter:
 
 
 def open_reporter(
-    config: CampaignConfig,
+    config: CampaignSettings,
     store: Store,
     campaign_id: int,
     name: str,

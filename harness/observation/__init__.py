@@ -5,7 +5,8 @@
     status      `vpo status`: one campaign's state at a glance
     time_split  the stages of a campaign's batches, added up; ledger: the stopwatch that times them
     progress    a run's progress line
-    measures    parse rate, hypervolume, rolling means (diversity and best@k: trainer.measures)
+    windows     the recent window and rolling means the views read measures through (the
+                 measures themselves: trainer.measures)
     dashboard   what the dashboard shows, kept fresh incrementally per campaign
     genealogy   the campaign as a tree, for the genealogy page; gists: a program's facts in short
     web         its FastAPI app (`vpo ui`), the loopback guard; ui/: the page itself

@@ -25,7 +25,7 @@ from harness.observation import status, views
 from harness.observation.gists import gist, problem_facts
 from harness.records import CampaignRecord, IterationMeasures
 from harness.store import REJECTIONS, Store
-from harness.store.measures import VersionRow
+from harness.store.series import VersionRow
 
 # Points the scatter cloud and the progress curve keep; they thin themselves past twice this.
 CLOUD_POINTS = 2000

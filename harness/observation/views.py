@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from harness.config.errors import UserError
-from harness.observation import measures
+from harness.observation import windows
 from harness.records import IterationMeasures, ProgramRecord
 from harness.store import Store
 from problems.api import record_note
@@ -44,9 +44,7 @@ def summary_json(store: Store, campaign_id: int) -> dict[str, Any]:
 MEASURES = ("pool_diversity", "parse_rate")
 
 
-def recent_measures(
-    store: Store, campaign_id: int, window: int = measures.RECENT
-) -> dict[str, Any]:
+def recent_measures(store: Store, campaign_id: int, window: int = windows.RECENT) -> dict[str, Any]:
     """Of the last `window` iterations: for pool diversity and for parse rate, the newest
     iteration's value (`latest`, from `iteration`) and the mean (`mean`) over those that have
     one (a skipped iteration has neither, one with fewer than two programs no diversity);
@@ -64,7 +62,7 @@ def recent_measures(
 
 
 def measure_series(
-    recorded: Sequence[IterationMeasures], window: int = measures.RECENT
+    recorded: Sequence[IterationMeasures], window: int = windows.RECENT
 ) -> dict[str, Any]:
     """Per iteration, in iteration order: its pool diversity and parse rate (None where it has
     none) and their trailing means over it and the `window` - 1 iterations before it."""
@@ -73,14 +71,14 @@ def measure_series(
     for name in MEASURES:
         values = [getattr(m, name) for m in ordered]
         series[name] = values
-        series[f"{name}_mean"] = measures.rolling_mean(values, window)
+        series[f"{name}_mean"] = windows.rolling_mean(values, window)
     return series
 
 
-def bestk(store: Store, campaign_id: int, k: int = measures.MAX_K) -> dict[str, Any]:
+def bestk(store: Store, campaign_id: int, k: int = windows.MAX_K) -> dict[str, Any]:
     """best@k per objective and for the mean of the vector, and pass@k, for k = 1..`k` (at
     most the number of slots), over every candidate slot of every rollout of the campaign;
-    an unparsed slot is a zero vector and never passes (see `harness.observation.measures`)."""
+    an unparsed slot is a zero vector and never passes (see `trainer.measures`)."""
     if k < 1:
         raise UserError(f"--k must be at least 1, not {k}")
     objectives = store.objectives(campaign_id)

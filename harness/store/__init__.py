@@ -15,10 +15,10 @@ One module per concern, each a part of `Store`:
     programs     campaigns, a seed program, the one way any program is inserted
     iterations   a group with its rollouts, new programs and migrations
     claims       iterations claimed by workers
-    training     the groups a training step reads and the policy versions it adds
+    versions     the groups a training step reads and the policy versions it adds
     inspection   programs, lineage, provenance, events and counts read back
     genealogy    the campaign's family tree and a program's story (prompt, rollout, siblings)
-    measures     each iteration's parse rate and pool diversity; a campaign's candidate slots
+    series       each iteration's parse rate and pool diversity; a campaign's candidate slots
     aggregates   the incremental queries behind the views and the dashboard
     tables       what they share: the tables, the checks before a write, records from rows
     migrations/  the schema's versions (Alembic)
@@ -34,11 +34,11 @@ from harness.store.claims import Claims
 from harness.store.genealogy import Genealogy
 from harness.store.inspection import Inspection
 from harness.store.iterations import Iterations
-from harness.store.measures import Measures
 from harness.store.opening import POSTGRES_CONNECT_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S
 from harness.store.programs import Campaigns
+from harness.store.series import Series
 from harness.store.tables import CANDIDATE_OUTCOMES
-from harness.store.training import Training
+from harness.store.versions import Versions
 
 __all__ = [
     "CANDIDATE_OUTCOMES",
@@ -52,5 +52,5 @@ __all__ = [
 ]
 
 
-class Store(Campaigns, Iterations, Claims, Training, Genealogy, Inspection, Measures, Aggregates):
+class Store(Campaigns, Iterations, Claims, Versions, Genealogy, Inspection, Series, Aggregates):
     """A solution database on SQLite or PostgreSQL; get one with `Store.open`."""

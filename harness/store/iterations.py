@@ -20,10 +20,10 @@ from sqlalchemy.exc import IntegrityError
 from harness import faults
 from harness.config.errors import IterationRecorded
 from harness.records import CandidateRecord, Lineage, NewGroup, NewProgram, RolloutRecord, code_hash
-from harness.store.measures import record_measures
 from harness.store.models import utc_now
 from harness.store.opening import Database
 from harness.store.programs import insert_programs, insert_returning_ids
+from harness.store.series import record_measures
 from harness.store.tables import (
     CANDIDATE_OUTCOMES,
     DRAFT,

@@ -258,7 +258,7 @@ class RolloutGroup(Base):
     # program id it held), "islands" (programs per island)}. With many iterations in flight,
     # timing decides which programs a selection saw; this records it.
     population: Mapped[dict[str, Any] | None] = mapped_column(NullableJSON)
-    # What the iteration's candidates measure (harness/observation/measures.py), written with the
+    # What the iteration's candidates measure (trainer/measures.py), written with the
     # group: the share of its rollouts whose m candidates all parsed, and the mean L1 distance
     # between the reward vectors of its candidate slots that hold a program (every pair of the
     # G x m).

@@ -1,7 +1,7 @@
 """What each iteration's candidates measure, written with the iteration and read back as a
 series, and every candidate slot of a campaign as one array for best@k and pass@k.
 
-The definitions: harness.observation.measures; here are the rows they read. A group recorded before
+The definitions: trainer.measures; here are the rows they read. A group recorded before
 `rollout_group` had the columns (or read from such a database opened read-only, which lacks
 them) has no stored values: reading computes them from its rollouts the same way, without
 writing them.
@@ -20,14 +20,14 @@ from sqlalchemy.engine import Connection
 from harness.records import IterationMeasures
 from harness.store.opening import Database
 from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
-from harness.store.training import moved_weights
+from harness.store.versions import moved_weights
 from trainer.measures import parse_rate, pool_diversity
 
 # A rollout's parse status and the program of each of its candidate slots (None: unparsed).
 Rollout = tuple[str, Sequence[int | None]]
 
 
-class Measures(Database):
+class Series(Database):
     def iteration_measures(
         self, campaign_id: int, after_group: int = 0, last: int | None = None
     ) -> list[IterationMeasures]:
@@ -205,7 +205,7 @@ class Measures(Database):
 
 @dataclass
 class VersionRow:
-    """What one policy version sampled (`Measures.version_measures`)."""
+    """What one policy version sampled (`Series.version_measures`)."""
 
     step: int  # 0: the weights the campaign started from
     changed: bool = False  # its weights differ from the starting ones (a step trained something)

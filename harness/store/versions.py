@@ -1,4 +1,4 @@
-"""Training: the groups a step reads and marks as used, the policy versions it produced, and
+"""Policy versions: the groups a step reads and marks as used, the policy versions it produced, and
 the steps that changed nothing (their groups are not offered again; each is an event)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from harness.store.tables import (
 )
 
 
-class Training(Database):
+class Versions(Database):
     def untrained_groups(self, campaign_id: int, limit: int | None) -> list[TrainingGroup]:
         """The oldest `limit` groups no training step took yet (None: all), in iteration order:
         a group waits at most until the groups before it fill a step, never for ever."""

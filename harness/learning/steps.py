@@ -33,17 +33,15 @@ the next step of an extended run (`untrained_note` says so).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness import faults
 from harness.config.errors import UserError
-from harness.config.settings import DEFAULT_CONCURRENCY, CampaignConfig
+from harness.config.settings import CampaignSettings
 from harness.config.training import Sampling, TrainSettings
 from harness.learning.publish import (
     check_trainable_endpoint,
@@ -53,6 +51,7 @@ from harness.learning.publish import (
     step_name,
 )
 from harness.learning.rewards import references, to_group
+from harness.llm.choice import base_generator, resolve_backend
 from harness.observation.ledger import Ledger, timed
 
 if TYPE_CHECKING:
@@ -166,7 +165,7 @@ class CampaignTrainer:
     write_merged: bool = True
 
 
-def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> Path:
+def policy_folder(config: CampaignSettings, store: Store, campaign_name: str) -> Path:
     """`policy_dir`, or beside a SQLite file (`runs/x.db` -> `runs/x.policies/NAME`), or
     `./policies/NAME` for a server database."""
     if config.training.policy_dir:
@@ -179,7 +178,7 @@ def policy_folder(config: CampaignConfig, store: Store, campaign_name: str) -> P
 
 
 def start_trainer(
-    config: CampaignConfig,
+    config: CampaignSettings,
     store: Store,
     campaign_id: int,
     campaign_name: str,
@@ -219,61 +218,7 @@ def start_trainer(
     )
 
 
-def resolve_backend(config: CampaignConfig) -> CampaignConfig:
-    """`config` with backend "auto" made concrete: vllm where it is installed, else
-    transformers, saying so in one line on stderr (the stored campaign keeps "auto")."""
-    import importlib.util
-
-    if config.backend != "auto":
-        return config
-    if importlib.util.find_spec("vllm") is not None:
-        return dataclasses.replace(config, backend="vllm")
-    logging.getLogger(__name__).warning(
-        "vpo: vLLM is not installed, so generation uses the slower transformers backend "
-        "(make install installs vLLM)"
-    )
-    return dataclasses.replace(config, backend="transformers")
-
-
-def check_backend(config: CampaignConfig) -> None:
-    """What can be known about `config`'s backend without starting it: its library is
-    installed, its API key is set. A campaign checks this before it touches its database
-    row, so a bad backend leaves the campaign as it was. (Loading the model or reaching the
-    server can still fail later; `run_campaign` then restores the campaign's status.)"""
-    import importlib.util
-
-    if config.backend == "openai":
-        from harness.llm.openai_backend import auth_headers
-
-        auth_headers(config.api_key_env)
-    elif config.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        from harness.llm.vllm_backend import INSTALL_HINT
-
-        raise UserError(INSTALL_HINT)
-
-
-def base_generator(config: CampaignConfig) -> Generator:
-    """The generator `config` names, sampling from the base model."""
-    from harness.llm import make_generator
-
-    config = resolve_backend(config)
-    options: dict[str, Any] = {}
-    if config.backend == "openai":
-        options = {
-            "base_url": config.base_url,
-            "api_key_env": config.api_key_env,
-            "retries": config.retries,
-            # Connections to the server: as many as the campaign keeps requests in flight.
-            "concurrency": config.concurrency or DEFAULT_CONCURRENCY["openai"],
-        }
-    elif config.backend == "vllm":
-        # The engine's own seed draws every request that names none: without the campaign's,
-        # two campaigns that differ only in `seed` sample the same completions.
-        options = {"seed": config.seed}
-    return make_generator(config.backend, config.model, **options)
-
-
-def trainer_generator(config: CampaignConfig, trainer: CampaignTrainer) -> Generator:
+def trainer_generator(config: CampaignSettings, trainer: CampaignTrainer) -> Generator:
     """A generator that samples from the trainer's current weights."""
     config = resolve_backend(config)
     if config.backend == "transformers":
