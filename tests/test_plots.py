@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.observation import exports
+from harness.observation import plots
 from harness.observation.gists import ProblemFacts, gist, version_starts
 from harness.records import CandidateRecord, NewGroup, NewProgram, PolicyVersion, RolloutRecord
 from harness.store import Store
@@ -96,7 +96,7 @@ def figures(tmp_path: Path) -> dict[str, Any]:
     import matplotlib.pyplot as plt
 
     with Store.open(equation_campaign(tmp_path / "eq.db")) as store:
-        drawn = exports.plot_figures(store, 1)
+        drawn = plots.plot_figures(store, 1)
     for figure in drawn.values():
         figure.canvas.draw()
     yield drawn
@@ -174,13 +174,13 @@ def test_an_objective_at_0_throughout_is_noted_without_a_problem(tmp_path: Path)
             store.add_program(
                 campaign, NewProgram("def f():\n    return 1\n", "ok", {"a": a, "b": 0.0}, {})
             )
-        drawn = exports.plot_figures(store, campaign)
+        drawn = plots.plot_figures(store, campaign)
     assert _texts(drawn["pareto_a_b.png"]) == ["b is 0 for every valid program."]
 
 
 def test_plot_writes_every_figure(tmp_path: Path) -> None:
     with Store.open(equation_campaign(tmp_path / "eq.db")) as store:
-        files = exports.plot(store, 1, tmp_path / "plots")
+        files = plots.plot(store, 1, tmp_path / "plots")
     assert [f.name for f in files][-3:] == ["training.png", "iterations.png", "progress.png"]
     assert all(f.read_bytes().startswith(b"\x89PNG") for f in files)
 
@@ -199,9 +199,9 @@ runs = st.lists(
 @given(runs)
 def test_training_layout_draws_each_metric_once_or_names_it_constant(run) -> None:
     policies = [_policy(i + 1, metrics) for i, metrics in enumerate(run)]
-    layout, constant = exports.training_layout(policies)
+    layout, constant = plots.training_layout(policies)
     drawn = [key for _, keys in layout for key in keys]
-    assert sorted(drawn + list(constant)) == exports.training_panels(policies)
+    assert sorted(drawn + list(constant)) == plots.training_panels(policies)
     for key, value in constant.items():
         stored = [p.metrics[key] for p in policies if key in p.metrics]
         assert len(stored) > 1 and all(v == value for v in stored)

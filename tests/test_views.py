@@ -139,7 +139,7 @@ def test_plots_are_written(database: str, tmp_path: Path, capsys: pytest.Capture
 def test_the_training_plot_draws_every_stored_step_metric() -> None:
     from datetime import UTC, datetime
 
-    from harness.observation.exports import training_panels
+    from harness.observation.plots import training_panels
     from harness.records import PolicyVersion
     from trainer.train import StepMetrics
 

@@ -160,7 +160,7 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def _db_view(store: Any, args: argparse.Namespace) -> int:
-    from harness.observation import exports, views
+    from harness.observation import exports, plots, views
 
     campaign = find_campaign(store, args.name, required=True)
     command = args.db_command
@@ -180,7 +180,7 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
                 "(it is made if missing)"
             )
         pair = None if args.pair is None else args.pair.split(",")
-        files = exports.plot(store, campaign.id, out, pair)
+        files = plots.plot(store, campaign.id, out, pair)
         if args.json:
             print(json.dumps({"files": [str(f) for f in files]}))
         else:

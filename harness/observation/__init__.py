@@ -1,7 +1,8 @@
 """Observation: read-only faces of a database, and what a run shows while it runs.
 
     views       what `vpo db` prints (programs, lineage, best@k, measures)
-    exports     what `vpo db export` and `vpo db plot` write
+    exports     what `vpo db export` writes (JSONL, Parquet)
+    plots       what `vpo db plot` draws (PNG)
     status      `vpo status`: one campaign's state at a glance
     time_split  the stages of a campaign's batches, added up; ledger: the stopwatch that times them
     progress    a run's progress line
