@@ -322,10 +322,10 @@ def measure_vpo(n: int, iterations: int, warmup: int, folder: Path) -> dict[str,
     from harness.config.settings import build
     from harness.evaluation.calls import Limits
     from harness.evolution.iteration import BatchKeys, SampledIteration, classify_group
-    from harness.evolution.loop import store_iteration
     from harness.evolution.novelty import Novelty
     from harness.evolution.population import Population
     from harness.evolution.prompts import build_prompt
+    from harness.evolution.recording import store_iteration
     from harness.evolution.run import CampaignRun, refresh_population
     from harness.evolution.selection import SelectionConfig, migrants, select, should_migrate
     from problems.circle_packing import make_problem

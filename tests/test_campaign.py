@@ -13,7 +13,8 @@ from harness.config.settings import build
 from harness.config.training import TrainSettings
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.iteration import SampledIteration
-from harness.evolution.loop import evaluate_and_store, prepare, run_campaign
+from harness.evolution.loop import prepare, run_campaign
+from harness.evolution.recording import evaluate_and_store
 from harness.evolution.selection import Selection
 from harness.llm import Completion
 from harness.observation.views import summary_json

@@ -121,8 +121,9 @@ def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     parent and a draft as expressions, and it is much shorter than the whole-program one."""
     from harness.config.settings import build
     from harness.evolution.iteration import SampledIteration
-    from harness.evolution.loop import evaluate_and_store, prepare
+    from harness.evolution.loop import prepare
     from harness.evolution.prompts import build_prompt
+    from harness.evolution.recording import evaluate_and_store
     from harness.evolution.selection import Selection
     from harness.llm import Completion
     from harness.store import Store

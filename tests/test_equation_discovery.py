@@ -566,8 +566,9 @@ def test_a_campaign_stores_the_nmse_and_prompts_with_it(tmp_path: Path) -> None:
     the NMSE as raw value, and the next prompt states the task and shows the scores."""
     from harness.config.settings import build
     from harness.evolution.iteration import SampledIteration
-    from harness.evolution.loop import evaluate_and_store, prepare
+    from harness.evolution.loop import prepare
     from harness.evolution.prompts import build_prompt
+    from harness.evolution.recording import evaluate_and_store
     from harness.evolution.selection import Selection
     from harness.llm import Completion
     from harness.store import Store

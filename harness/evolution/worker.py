@@ -16,7 +16,8 @@ from harness.config.settings import CampaignSettings
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.generation import FailureStreak, LoopConfig, loop_settings, sample_batch
 from harness.evolution.iteration import SampledIteration
-from harness.evolution.loop import evaluate_and_store, prepare
+from harness.evolution.loop import prepare
+from harness.evolution.recording import evaluate_and_store
 from harness.evolution.run import CampaignRun
 from harness.learning.publish import SavedVersion
 from harness.llm import Generator, make_generator
