@@ -29,17 +29,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reporting import publish  # noqa: E402
 
+from harness.cli.flags import add_protocol, protocol_flags  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "concurrency.md"
 DEFAULT_RUNS = "transformers:1,vllm:1,vllm:4,vllm:8"
+# The campaign settings of every run (flags as `vpo run` takes them), this benchmark's values.
+PROTOCOL = {"iterations": 16, "group_size": 8, "max_tokens": 128, "model": "smollm2", "seed": 0}
 
 
 def run(backend: str, concurrency: int, args: argparse.Namespace, folder: Path) -> dict:
     db = folder / f"{backend}-{concurrency}.db"
     command = [
         sys.executable, "-m", "harness.cli", "run", "circle_packing", "--db", str(db),
-        "--model", args.model, "--backend", backend, "--concurrency", str(concurrency),
-        "--iterations", str(args.iterations), "--group-size", str(args.group_size),
-        "--max-tokens", str(args.max_tokens), "--seed", "0",
+        "--backend", backend, "--concurrency", str(concurrency),
+        *protocol_flags(args, PROTOCOL),
     ]  # fmt: skip
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
@@ -53,10 +56,7 @@ def run(backend: str, concurrency: int, args: argparse.Namespace, folder: Path) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=16)
-    parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--model", default="smollm2")
+    add_protocol(parser, PROTOCOL)
     parser.add_argument("--runs", default=DEFAULT_RUNS, help="backend:concurrency, ...")
     args = parser.parse_args()
     plan = [(b, int(c)) for b, c in (item.split(":") for item in args.runs.split(","))]
@@ -79,7 +79,8 @@ def main() -> None:
         f"{platform.python_version()}",
         "- command: `python benchmarks/concurrency.py " + " ".join(sys.argv[1:]) + "`",
         f"- circle_packing on {args.model}, {args.iterations} iterations of G = "
-        f"{args.group_size} rollouts, max_tokens {args.max_tokens}, seed 0; each run a whole "
+        f"{args.group_size} rollouts, max_tokens {args.max_tokens}, seed {args.seed}; each "
+        "run a whole "
         "`vpo run` process on a fresh database, timed from start to exit (model loading "
         "and evaluation included); one run each",
         "",

@@ -72,7 +72,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
 
-from harness.cli.flags import SETTING_FLAGS, add_setting, setting_flag  # noqa: E402
+from harness.cli.flags import add_protocol, protocol_flags  # noqa: E402
 from trainer.measures import front_points as pareto_front  # noqa: E402,F401
 from trainer.measures import hypervolume  # noqa: E402
 
@@ -286,9 +286,7 @@ def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list
         given += TRAINED_SETTINGS
         if arm in DISCOVERY_REWARD:
             given += DISCOVERY_SETTINGS
-    for name in given:
-        command += [setting_flag(name), str(getattr(args, name))]
-    return command
+    return command + protocol_flags(args, given)
 
 
 def run(
@@ -717,11 +715,7 @@ def main() -> None:
     parser.add_argument("--arms", default="none,grpo,vpo", help=f"of {', '.join(ARMS)}")
     parser.add_argument("--seeds", default="0,1,2", help="campaign seeds, e.g. 0,1,2")
     parser.add_argument("--problem", default=PROBLEM)
-    settings = parser.add_argument_group(
-        "campaign settings (as `vpo run` takes them; the defaults are this benchmark's)"
-    )
-    for name, value in (RUN_SETTINGS | TRAINED_SETTINGS | DISCOVERY_SETTINGS).items():
-        add_setting(settings, SETTING_FLAGS[name], default=value)
+    add_protocol(parser, RUN_SETTINGS | TRAINED_SETTINGS | DISCOVERY_SETTINGS)
     parser.add_argument(
         "--probe",
         action="store_true",

@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reporting import publish  # noqa: E402
 
-from harness.config.settings import CampaignSettings  # noqa: E402
+from harness.cli.flags import add_protocol, given_settings  # noqa: E402
+from harness.config.settings import CampaignSettings, build  # noqa: E402
 from harness.evaluation.sandbox import Sandbox  # noqa: E402
 from harness.evolution.loop import evolve, open_campaign, prepare  # noqa: E402
 from harness.llm import make_generator  # noqa: E402
@@ -43,6 +44,11 @@ from problems.registry import load as load_problem  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "generator_busy.md"
 TARGET = 0.90
+# The campaign settings measured (flags as `vpo run` takes them), this benchmark's values.
+PROTOCOL = {
+    "iterations": 6, "max_tokens": 384, "group_size": 4, "backend": "transformers",
+    "model": "smollm2",
+}  # fmt: skip
 
 
 def run(config: CampaignSettings, generator, folder: Path, overlap: bool) -> dict[str, float]:
@@ -69,20 +75,9 @@ def run(config: CampaignSettings, generator, folder: Path, overlap: bool) -> dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problem", default="circle_packing")
-    parser.add_argument("--iterations", type=int, default=6)
-    parser.add_argument("--max-tokens", type=int, default=384)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
-    parser.add_argument("--model", default="smollm2")
+    add_protocol(parser, PROTOCOL)
     args = parser.parse_args()
-    config = CampaignSettings(
-        problem=args.problem,
-        iterations=args.iterations,
-        max_tokens=args.max_tokens,
-        group_size=args.group_size,
-        backend=args.backend,
-        model=args.model,
-    )
+    config = build({"problem": args.problem, **given_settings(args, PROTOCOL)}, where="the flags")
     started = time.perf_counter()
     generator = make_generator(args.backend, args.model)
     load = time.perf_counter() - started

@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reporting import publish  # noqa: E402
 
+from harness.cli.flags import add_protocol  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "long_run.md"
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -56,7 +58,7 @@ def tree(pid: int) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--minutes", type=float, default=30.0)
-    parser.add_argument("--train-every", type=int, default=4)
+    add_protocol(parser, {"train_every": 4})
     parser.add_argument("--warm-up", type=float, default=5.0, help="minutes")
     args = parser.parse_args()
 

@@ -118,6 +118,24 @@ def add_setting(
     group.add_argument(*names, **options)
 
 
+def add_protocol(parser: argparse.ArgumentParser, protocol: dict[str, Any]) -> None:
+    """A benchmark's campaign settings as flags (the product's names, help and types), each
+    defaulting to the benchmark's `protocol` value."""
+    group = parser.add_argument_group(
+        "campaign settings (as `vpo run` takes them; the defaults are this benchmark's)"
+    )
+    for name, value in protocol.items():
+        add_setting(group, SETTING_FLAGS[name], default=value)
+
+
+def protocol_flags(args: argparse.Namespace, names: Any) -> list[str]:
+    """The flags that pass the settings `names` of `args` on to `vpo run`."""
+    flags: list[str] = []
+    for name in names:
+        flags += [setting_flag(name), str(getattr(args, name))]
+    return flags
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}".replace("e-0", "e-")  # 1e-6, not 1e-06
