@@ -476,7 +476,8 @@ def report(
     live = live_objectives(runs)
     volume = "hypervolume (" + ", ".join(objectives[j] for j in live) + ")"
     lines = [
-        "# Discovery at an equal budget of generated tokens: no training, GRPO and VPO",
+        "# Discovery at an equal budget of generated tokens: "
+        + ", ".join(ARM_TITLES[arm] for arm in runs),
         "",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         f"- machine: {os.cpu_count()} CPUs, {platform.machine()}, Python "
@@ -521,7 +522,8 @@ def report(
         cells.append(spread([r.coverage for r in results], 4))
         cells.append(spread([r.hypervolume(live) for r in results], 4))
         lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
-    lines += paired_table(runs, live)
+    for base in PAIRED_AGAINST:
+        lines += paired_table(runs, live, base)
     lines += [
         "",
         "| arm | tokens | iterations | training steps (that moved the weights) | training s | "
@@ -577,14 +579,35 @@ def report(
     return "\n".join(lines) + "\n"
 
 
-def paired_table(runs: dict[str, list[RunResult]], live: Sequence[int]) -> list[str]:
-    """Each arm against no training, paired by seed: the mean difference and its bootstrap
-    interval in best fit_id and fit_ood (the first two objectives), front coverage,
-    hypervolume and pool diversity; nothing without a `none` arm and another."""
-    if "none" not in runs or len(runs) < 2:
+# What each arm is paired against: no training, then GRPO and the paper's VPO for the arms that
+# change VPO's reward (issue 46's target: diversity at least GRPO's).
+PAIRED_AGAINST: dict[str, tuple[str, ...]] = {
+    "none": tuple(ARMS),
+    "grpo": ("vpo", *DISCOVERY_REWARD),
+    "vpo": DISCOVERY_REWARD,
+}
+
+
+def last_probe_diversity(result: RunResult) -> float:
+    """The pool diversity of the run's last probed version; nan where none was measured."""
+    if not result.probe or max(result.probe) == 0:
+        return np.nan
+    value = result.probe[max(result.probe)]["diversity"]
+    return np.nan if value is None else float(value)
+
+
+def paired_table(
+    runs: dict[str, list[RunResult]], live: Sequence[int], base: str = "none"
+) -> list[str]:
+    """The arms PAIRED_AGAINST names for `base` against it, paired by seed: the mean difference
+    and its bootstrap interval in best fit_id and fit_ood (the first two objectives), front
+    coverage, hypervolume and pool diversity, and against a trained base the last version's
+    probe diversity; nothing without `base` and one of those arms."""
+    arms = [arm for arm in runs if arm != base and arm in PAIRED_AGAINST.get(base, ())]
+    if base not in runs or not arms:
         return []
-    base = {r.seed: r for r in runs["none"]}
-    objectives = runs["none"][0].objectives
+    by_seed = {r.seed: r for r in runs[base]}
+    objectives = runs[base][0].objectives
     measures = [
         *(
             (f"best {objectives[j]}", lambda r, j=j: r.best[j])
@@ -594,24 +617,30 @@ def paired_table(runs: dict[str, list[RunResult]], live: Sequence[int]) -> list[
         ("hypervolume", lambda r: r.hypervolume(live)),
         ("pool diversity", lambda r: r.diversity),
     ]
+    if base != "none":
+        measures.append(("probe diversity, last version", last_probe_diversity))
     level = f"{PAIRED_LEVEL:.0%}"
+    against = "no training" if base == "none" else ARM_TITLES[base]
     lines = [
         "",
-        f"Paired by seed against no training: mean difference [bootstrap {level} interval] "
+        f"Paired by seed against {against}: mean difference [bootstrap {level} interval] "
         "(an arm is ahead where the interval lies above 0):",
         "",
         "| arm | seeds | " + " | ".join(name for name, _ in measures) + " |",
         "|---|---:|" + "---:|" * len(measures),
     ]
-    for arm, results in runs.items():
-        if arm == "none":
-            continue
-        pairs = [(r, base[r.seed]) for r in results if r.seed in base]
+    for arm in arms:
+        pairs = [(r, by_seed[r.seed]) for r in runs[arm] if r.seed in by_seed]
         if not pairs:
             continue
         cells = []
         for _, measure in measures:
-            mean, low, high = paired_interval([measure(a) - measure(b) for a, b in pairs])
+            differences = [measure(a) - measure(b) for a, b in pairs]
+            differences = [d for d in differences if not np.isnan(d)]
+            if not differences:
+                cells.append("-")
+                continue
+            mean, low, high = paired_interval(differences)
             cells.append(f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]")
         lines.append(f"| {ARM_TITLES[arm]} | {len(pairs)} | " + " | ".join(cells) + " |")
     return lines

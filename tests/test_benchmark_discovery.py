@@ -283,3 +283,38 @@ def test_the_discovery_reward_arms_pass_their_reward_and_vpo_keeps_the_papers() 
         assert command[at : at + 4] == ["--reward-reference", "campaign", "--slot-cost", "0.05"]
         assert command[command.index("--advantage") + 1] == advantage
     assert "--reward-reference" not in discovery.run_command("vpo", 0, parser_args, Path("x.db"))
+
+
+def test_the_discovery_reward_arms_are_paired_against_grpo_and_the_papers_vpo_too() -> None:
+    """Against no training every arm has a row; against GRPO only the arms that change VPO's
+    reward and the paper's VPO, with the last probed version's diversity beside the rest."""
+
+    def result(arm: str, seed: int, diversity: float, probed: float | None) -> object:
+        scores = np.array([[0.1 * (seed + 1), 0.0]])
+        probe = None if probed is None else {40: {"step": 40, "diversity": probed}}
+        return discovery.RunResult(
+            arm, seed, ["a", "b"], 1.0, 0, 0, 0, 0, 0.0, np.zeros(1, dtype=np.int64), scores,
+            diversity, 0.0, 0.0, 0.0, 8, 6, probe,
+        )  # fmt: skip
+
+    runs = {
+        "none": [result("none", s, 0.1, None) for s in range(3)],
+        "grpo": [result("grpo", s, 0.2, 0.3) for s in range(3)],
+        "vpo_front": [result("vpo_front", s, 0.2 + 0.1 * (s + 1), 0.4) for s in range(3)],
+    }
+    against_none = [row for row in discovery.paired_table(runs, [0]) if row.startswith("| ")]
+    assert [row.split(" | ")[0] for row in against_none[1:]] == [
+        "| GRPO in the loop (m = 1)", "| VPO, discovery reward (m = 3)"
+    ]  # fmt: skip
+    table = discovery.paired_table(runs, [0], "grpo")
+    assert "against GRPO in the loop (m = 1)" in table[1]
+    rows = [row for row in table if row.startswith("| ")]
+    assert rows[0].endswith("| pool diversity | probe diversity, last version |")
+    (row,) = rows[1:]
+    cells = row.split(" | ")
+    assert cells[0] == "| VPO, discovery reward (m = 3)" and cells[1] == "3"
+    assert cells[2] == "+0.0000 [+0.0000, +0.0000]"  # the same best a on every seed
+    assert cells[-2].startswith("+0.2000 [+0.1")  # pool diversity 0.1, 0.2, 0.3 above GRPO's
+    assert cells[-1] == "+0.1000 [+0.1000, +0.1000] |"
+    # No paper's VPO in the grid: no table against it.
+    assert discovery.paired_table(runs, [0], "vpo") == []
