@@ -573,7 +573,7 @@ def report(
             ]
             lines.append(f"| {arm} | {r.seed} | " + " | ".join(cells) + " |")
     if failures:
-        lines += ["", "Runs that failed (left out of every table above):", ""]
+        lines += ["", "Runs that failed or were not run (left out of every table above):", ""]
         lines += ["| arm | seed | why |", "|---|---:|---|"]
         lines += [f"| {arm} | {seed} | {why} |" for arm, seed, why in failures]
     return "\n".join(lines) + "\n"
@@ -769,7 +769,8 @@ def main() -> None:
         type=Path,
         help="write the table and plot from what --keep runs left here: each run's summary "
         "(ARM-seedN.run.json, a few kB: seeds run apart can be gathered in one folder) or its "
-        "database; run nothing (the same settings flags, for the report's header)",
+        "database; run nothing (the same settings flags, for the report's header); a run "
+        "not kept there is named in the report and left out",
     )
     args = parser.parse_args()
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
@@ -788,14 +789,25 @@ def main() -> None:
     plan = [(arm, seed) for seed in args.seeds for arm in arms]
     if args.report_from:
         runs = {arm: [] for arm in arms}
-        kept_failures = []
+        kept_failures, not_run = [], []
         for arm, seed in plan:
-            failed = database(args.report_from, arm, seed).with_suffix(".failed")
-            if failed.exists() and not summary_path(failed.with_suffix(".db")).exists():
+            db = database(args.report_from, arm, seed)
+            failed = db.with_suffix(".failed")
+            if failed.exists() and not summary_path(db).exists():
                 kept_failures.append((arm, seed, failed.read_text().strip()))
+                continue
+            if not summary_path(db).exists() and not db.exists():
+                # An arm given fewer seeds than the rest (the 3 against 5): said in the
+                # report, and the paired tables pair the seeds both arms have.
+                not_run.append((arm, seed, "not run"))
                 continue
             runs[arm].append(kept_run(arm, seed, args.report_from))
         runs = {arm: results for arm, results in runs.items() if results}
+        if not runs:
+            raise SystemExit(f"no kept run of --arms {args.arms} in {args.report_from}")
+        if not_run:
+            print("not kept, left out: " + ", ".join(f"{a} seed {s}" for a, s, _ in not_run))
+        kept_failures += not_run
         seconds = sum(r.wall_s for results in runs.values() for r in results)
         plot(args, runs)
         publish(args.out, report(args, runs, seconds, kept_failures))

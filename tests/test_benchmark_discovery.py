@@ -246,6 +246,17 @@ def test_a_failed_run_is_recorded_and_the_grid_goes_on(
     out.unlink()
     discovery.main()
     assert "| vpo | 0 | exit 3: vpo: error: a model answer |" in out.read_text()
+    # An arm kept on fewer seeds than the rest: named in the report, the rest reported.
+    discovery.summary_path(discovery.database(keep, "vpo", 1)).unlink()
+    out.unlink()
+    discovery.main()
+    table = out.read_text()
+    assert "| vpo | 1 | not run |" in table and "| none | 1 |" in table
+    assert "not kept, left out: vpo seed 1" in capsys.readouterr().out
+    empty = ["discovery.py", *common, "--report-from", str(tmp_path / "nothing")]
+    monkeypatch.setattr(sys, "argv", empty)
+    with pytest.raises(SystemExit, match="no kept run of --arms none,vpo in"):
+        discovery.main()
 
 
 def test_front_coverage_is_the_r2_indicator_and_stays_open_with_a_closed_objective() -> None:
