@@ -260,8 +260,20 @@ def test_the_reward_scale_benchmark_reads_a_campaign(database: str, tmp_path) ->
     out = tmp_path / "scale.md"
     assert module.main(["--db", database, "--out", str(out)]) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
-    assert [row.split(" | ")[0] for row in rows] == ["| parent", "| island", "| campaign", "| none"]
-    assert "wasted slots per rollout: 0: 33%, 1: 33%, 2: 33%" in out.read_text()
+    name = module.label(database)
+    assert [row.split(" | ")[:2] for row in rows] == [
+        [f"| {name}", scope] for scope in ("parent", "island", "campaign", "none")
+    ]
+    assert f"{name}: m = 2, 3 rollouts; wasted slots per rollout: 0: 33%, 1: 33%, 2: 33%" in (
+        out.read_text()
+    )
+    # Several campaigns: rows for each, in the order given.
+    assert module.main(["--db", database, "--db", database, "--references", "none",
+                        "--out", str(out)]) == 0  # fmt: skip
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[1] for row in rows] == ["none", "none"]
+    with pytest.raises(SystemExit):
+        module.main(["--db", str(tmp_path / "absent.db"), "--out", str(out)])
 
 
 @pytest.mark.parametrize(
