@@ -117,12 +117,14 @@ def scope_gains(stored, objectives, candidates, against) -> list[float]:  # noqa
 
 
 def label(db: str) -> str:
-    """A database's name in the report: a file's name, or a server's URL without its password."""
+    """A database's name in the report: a file's folder and name, or a server's URL without
+    its password."""
     if "://" in db and not db.startswith("sqlite"):
         from sqlalchemy.engine import make_url
 
         return make_url(db).render_as_string(hide_password=True)
-    return Path(db.split("///")[-1]).name
+    path = Path(db.split("///")[-1])
+    return f"{path.parent.name}/{path.name}"  # a grid's arms share names across its folders
 
 
 if __name__ == "__main__":
