@@ -706,6 +706,7 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
     rows = -(-panels // columns)
     figure, grid_of_axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.2 * rows))
     axes = np.ravel(grid_of_axes)[:panels]
+    counts = {len(results) for results in runs.values()}  # seeds an arm has; may differ
     for arm, results in runs.items():
         # A run that ended holds its last value to the longest run's end.
         best = np.stack([best_so_far(r.program_tokens, r.program_scores, grid) for r in results])
@@ -714,7 +715,8 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
         )
         curves = [best[:, :, j] for j in range(len(objectives))] + [volume]
         for axis, curve in zip(axes, curves, strict=True):
-            (line,) = axis.plot(grid, curve.mean(axis=0), label=ARM_TITLES[arm])
+            label = ARM_TITLES[arm] + (f", {len(results)} seeds" if len(counts) > 1 else "")
+            (line,) = axis.plot(grid, curve.mean(axis=0), label=label)
             if len(results) > 1:
                 axis.fill_between(
                     grid, curve.min(axis=0), curve.max(axis=0), color=line.get_color(), alpha=0.2
@@ -729,10 +731,11 @@ def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
     axes[-1].set_title(
         "hypervolume of the valid programs (" + ", ".join(objectives[j] for j in live) + ")"
     )
-    seeds = len(args.seeds)
+    seeds = max(counts)
+    over = f"{seeds} seed{'s' if seeds > 1 else ''}" if len(counts) == 1 else "its seeds"
     figure.suptitle(
-        f"{args.problem} on {args.model}, token budget {args.token_budget}: mean over "
-        f"{seeds} seed{'s' if seeds > 1 else ''}" + (", band min-max" if seeds > 1 else "")
+        f"{args.problem} on {args.model}, token budget {args.token_budget}: each arm's mean "
+        f"over {over}" + (", band min-max" if seeds > 1 else "")
     )
     figure.tight_layout()
     args.plot.parent.mkdir(parents=True, exist_ok=True)
