@@ -50,17 +50,13 @@ benchmarks/results/discovery.png. Nothing else should run on the machine meanwhi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,193 +65,34 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from discovery_report import paired_table, plot, probe_table, report  # noqa: E402,F401
+from discovery_runs import (  # noqa: E402,F401
+    ARMS,
+    DISCOVERY_REWARD,
+    PROBE_SLOTS,
+    RunResult,
+    best_so_far,
+    coverage,
+    database,
+    hypervolume_so_far,
+    live_objectives,
+    mean_of,
+    paired_interval,
+    summary_path,
+)
 from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
 
 from harness.cli.flags import add_protocol, protocol_flags  # noqa: E402
 from trainer.measures import front_points as pareto_front  # noqa: E402,F401
-from trainer.measures import hypervolume  # noqa: E402
+from trainer.measures import hypervolume  # noqa: E402,F401
 
 RESULTS = ROOT / "benchmarks" / "results"
 # oscillator1: the embedded model beats its seed out of domain within a few batches (make demo),
 # while on stressstrain none of its first 32 rollouts did better than predicting the mean.
 PROBLEM = "equation_discovery:oscillator1"
-# Arm -> (candidates per rollout, advantage estimator; None: no training).
-ARMS: dict[str, tuple[int, str | None]] = {
-    "none": (3, None),
-    "grpo": (1, "grpo"),
-    "multi": (3, "multi_rlvr"),
-    "vpo": (3, "vpo"),
-    "vpo_front": (3, "vpo"),
-    "entropic": (3, "entropic"),
-}
-# The arms that take the discovery reward (--reward-reference, --slot-cost, --warmup-samples);
-# `vpo` keeps the paper's absolute set score.
-DISCOVERY_REWARD = ("vpo_front", "entropic")
-ARM_TITLES = {
-    "none": "no training (m = 3)",
-    "grpo": "GRPO in the loop (m = 1)",
-    "multi": "Multi-RLVR in the loop (m = 3, summed scalar)",
-    "vpo": "VPO in the loop (m = 3)",
-    "vpo_front": "VPO, discovery reward (m = 3)",
-    "entropic": "entropic, discovery reward (m = 3)",
-}
-# Front coverage: the R2 indicator of a run's valid programs, E_w[max_s w . r(s)], over these
-# many Dirichlet(1) weightings drawn once (seed 0), so every run is measured on the same ones.
-COVERAGE_WEIGHTINGS = 2000
-BOOTSTRAP = 10_000  # resamples of the seeds for a paired interval
-PAIRED_LEVEL = 0.90
-BEST_AT_SHOWN = (1, 3, 5, 10, 20, 30)
-GRID_POINTS = 101  # points on the tokens axis where the seeds' curves are averaged
 STDERR_TAIL_LINES = 3
 STOP_GRACE_S = 10
-
-
-# The measures: pure functions on arrays (the hypervolume is trainer.measures').
-
-
-def best_so_far(tokens: np.ndarray, values: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """The running best of `values` (n,) or (n, d) among the entries whose `tokens` (n,) are
-    at most each point of `grid`: shape (len(grid),) or (len(grid), d); -inf before any."""
-    order = np.argsort(tokens, kind="stable")
-    running = np.maximum.accumulate(np.asarray(values, dtype=np.float64)[order], axis=0)
-    upto = np.searchsorted(np.asarray(tokens)[order], grid, side="right")  # entries <= x
-    padded = np.concatenate([np.full((1, *running.shape[1:]), -np.inf), running])
-    return padded[upto]
-
-
-def hypervolume_so_far(tokens: np.ndarray, vectors: np.ndarray, grid: np.ndarray) -> np.ndarray:
-    """The hypervolume of the vectors (n, d) whose tokens (n,) are at most each grid point."""
-    return np.array([hypervolume(vectors[tokens <= x]) for x in grid])
-
-
-def coverage(vectors: np.ndarray) -> float:
-    """The R2 indicator of the rows of `vectors` (n, d): the mean over fixed Dirichlet(1)
-    weightings of the best weighted sum, 0 for no rows. Unlike the hypervolume it does not drop
-    to 0 when one objective stayed at 0 for every program."""
-    if not len(vectors):
-        return 0.0
-    weights = np.random.default_rng(0).dirichlet(np.ones(vectors.shape[1]), COVERAGE_WEIGHTINGS)
-    return float((vectors @ weights.T).max(axis=0).mean())
-
-
-def paired_interval(
-    differences: Sequence[float], level: float = PAIRED_LEVEL
-) -> tuple[float, float, float]:
-    """(mean, low, high): the mean of per-seed differences and its percentile bootstrap
-    interval at `level` (seeds resampled with replacement, BOOTSTRAP times, seed 0)."""
-    values = np.asarray(differences, dtype=np.float64)
-    if len(values) == 0:
-        return (float("nan"),) * 3
-    draws = np.random.default_rng(0).integers(0, len(values), (BOOTSTRAP, len(values)))
-    means = values[draws].mean(axis=1)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(values.mean()), float(low), float(high)
-
-
-def mean_of(values: Sequence[float | None]) -> float:
-    present = [v for v in values if v is not None]
-    return float(np.mean(present)) if present else float("nan")
-
-
-# One run: a `vpo run` process, then its database read back.
-
-
-@dataclass(frozen=True)
-class RunResult:
-    arm: str
-    seed: int
-    objectives: list[str]
-    wall_s: float
-    tokens: int
-    iterations: int
-    steps: int
-    moved: int  # steps that trained some rollout (a step whose advantages were all 0 did not)
-    train_s: float
-    program_tokens: np.ndarray  # (n,) tokens generated when each valid program was stored
-    program_scores: np.ndarray  # (n, d) the valid programs' score vectors
-    diversity: float
-    parse_rate: float
-    parse_first_half: float
-    parse_second_half: float
-    rollouts: int
-    # Sampled by weights a step has changed: a version from the first step that trained some
-    # rollout on (a step whose advantages were all 0 publishes the weights it was given).
-    trained_rollouts: int
-    probe: dict | None = None  # what the last version samples on the first prompt (probe.py)
-
-    @property
-    def best(self) -> np.ndarray:
-        return self.program_scores.max(axis=0)
-
-    def hypervolume(self, live: Sequence[int]) -> float:
-        """Over the `live` objectives: one that no program scored on would make it 0."""
-        return hypervolume(self.program_scores[:, list(live)])
-
-    @property
-    def coverage(self) -> float:
-        """Front coverage over every objective (`coverage`)."""
-        return coverage(self.program_scores)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s
-
-    def save(self, path: Path) -> None:
-        """Everything the report needs from this run, as JSON: a few kB that can be committed,
-        so that seeds run in different sessions make one report (`--report-from`)."""
-        save_summary(self, path)
-
-    @classmethod
-    def load(cls, path: Path) -> RunResult:
-        fields = summary_fields(path)
-        if fields.get("probe") is not None:  # JSON keys are strings; the steps are ints
-            fields["probe"] = {int(step): row for step, row in fields["probe"].items()}
-        return cls(**fields)
-
-    @property
-    def trained_share(self) -> float:
-        return self.trained_rollouts / self.rollouts if self.rollouts else float("nan")
-
-
-def save_summary(run: object, path: Path) -> None:
-    """A run's fields as JSON, its programs' tokens and score vectors as lists (this benchmark's
-    runs and peers.py's)."""
-    fields = dict(vars(run))
-    fields["program_tokens"] = fields["program_tokens"].tolist()
-    fields["program_scores"] = fields["program_scores"].tolist()
-    path.write_text(json.dumps(fields, indent=1) + "\n")
-
-
-def summary_fields(path: Path) -> dict:
-    """What `save_summary` wrote, the programs' tokens and scores as arrays again (an empty run's
-    scores keep their shape: no rows, one column an objective)."""
-    fields = json.loads(path.read_text())
-    fields["program_tokens"] = np.array(fields["program_tokens"], dtype=np.int64)
-    scores = np.array(fields["program_scores"], dtype=np.float64)
-    fields["program_scores"] = scores.reshape(len(scores), len(fields["objectives"]))
-    return fields
-
-
-def database(folder: Path, arm: str, seed: int) -> Path:
-    return folder / f"{arm}-seed{seed}.db"
-
-
-def summary_path(db: Path) -> Path:
-    return db.with_suffix(".run.json")
-
-
-def live_objectives(runs: dict[str, list[RunResult]]) -> list[int]:
-    """The objectives some valid program of some run scored above 0 on (all, if none did): a
-    gated objective that never opened (simplicity) would make every hypervolume 0."""
-    results = [r for rs in runs.values() for r in rs]
-    scored = [
-        j
-        for j in range(len(results[0].objectives))
-        if any(len(r.program_scores) and r.program_scores[:, j].max() > 0 for r in results)
-    ]
-    return scored or list(range(len(results[0].objectives)))
 
 
 # The campaign settings each `vpo run` of the grid gets, as flags (their names, help and types
@@ -414,7 +251,6 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
 
 # The probe: version 0 and a run's last version on the campaign's first prompt (probe.py), each
 # in a process of its own (a second engine in this one would hold two models' memory).
-PROBE_SLOTS = 30  # the VPO paper's pool: 10 completions x m = 3, or 30 x 1
 
 
 def probe_run(db: Path, versions: str, seed: int) -> None:
@@ -447,299 +283,6 @@ def read_probe(path: Path) -> dict | None:
     if not path.exists():
         return None
     return {row["step"]: row for row in json.loads(path.read_text())}
-
-
-# The report.
-
-
-def spread(values: Sequence[float], digits: int = 3, *, bounds: bool = True) -> str:
-    """mean [min, max] over seeds (the mean alone for one seed, or without `bounds`); "-"
-    where no seed has a value."""
-    values = [v for v in values if not np.isnan(v)]
-    if not values:
-        return "-"
-    mean = f"{np.mean(values):.{digits}f}"
-    if len(values) == 1 or not bounds:
-        return mean
-    return f"{mean} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
-
-
-def report(
-    args: argparse.Namespace,
-    runs: dict[str, list[RunResult]],
-    seconds: float,
-    failures: Sequence[tuple[str, int, str]] = (),
-) -> str:
-    import torch
-
-    objectives = next(iter(runs.values()))[0].objectives
-    live = live_objectives(runs)
-    volume = "hypervolume (" + ", ".join(objectives[j] for j in live) + ")"
-    lines = [
-        "# Discovery at an equal budget of generated tokens: "
-        + ", ".join(ARM_TITLES[arm] for arm in runs),
-        "",
-        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- machine: {os.cpu_count()} CPUs, {platform.machine()}, Python "
-        f"{platform.python_version()}, torch {torch.__version__}",
-        "- command: `python benchmarks/discovery.py "
-        + " ".join(sys.argv[1:])
-        + f"` ({seconds / 60:.0f} min in all)",
-        f"- settings: {args.problem} on {args.model} (backend {args.backend}, concurrency "
-        f"{args.concurrency or 'the backend default'}), G = {args.group_size}, max_tokens "
-        f"{args.max_tokens}, temperature {args.temperature}, token budget "
-        f"{args.token_budget} per run (a run ends at most one batch past it), iterations "
-        f"capped at {args.iterations}; the trained arms: a LoRA step (rank {args.lora_rank}, "
-        f"lr {args.learning_rate:g}, micro-batch {args.micro_batch}, format reward "
-        f"{args.format_reward}, "
-        f"overlong buffer {args.overlong_buffer}, KL weight {args.kl_beta:g}; the "
-        f"discovery-reward arms measured against {args.reward_reference}, slot cost "
-        f"{args.slot_cost:g}, warm-up samples {args.warmup_samples}) "
-        f"after every {args.train_every} new "
-        "group"
-        f"{'s' if args.train_every > 1 else ''}; seeds "
-        f"{', '.join(map(str, args.seeds))}",
-        "- arms: " + "; ".join(f"`{arm}` {ARM_TITLES[arm]}" for arm in runs),
-        "- each run a whole `vpo run` process on a fresh database, timed from start to exit; "
-        "best = the highest score among the run's valid programs; hypervolume of the valid "
-        "programs' score vectors above the reference point 0, over the objectives some "
-        "program scored on; diversity and parse rate: "
-        "means over the run's iterations (a GRPO group has G candidate slots, the others "
-        "G x 3; a rollout of m = 1 parses when its one candidate does); a training step "
-        "whose advantages were all 0 (every rollout scored alike) trains nothing and "
-        "publishes the weights it was given: 'sampled by trained weights' counts the "
-        "rollouts of versions from the first step that moved them; values: mean [min, "
-        "max] over seeds",
-        f"- plot: {args.plot.name} (best per objective and hypervolume against tokens generated)",
-        "",
-        "| arm | "
-        + " | ".join(f"best {name}" for name in objectives)
-        + f" | front coverage (R2) | {volume} |",
-        "|---|" + "---:|" * (len(objectives) + 2),
-    ]
-    for arm, results in runs.items():
-        cells = [spread([r.best[j] for r in results]) for j in range(len(objectives))]
-        cells.append(spread([r.coverage for r in results], 4))
-        cells.append(spread([r.hypervolume(live) for r in results], 4))
-        lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
-    for base in PAIRED_AGAINST:
-        lines += paired_table(runs, live, base)
-    lines += [
-        "",
-        "| arm | tokens | iterations | training steps (that moved the weights) | training s | "
-        "pool diversity | "
-        "parse rate | parse rate, 1st half -> 2nd half | sampled by trained weights | "
-        "tok/s over the wall |",
-        "|---|" + "---:|" * 9,
-    ]
-    for arm, results in runs.items():
-        first = spread([r.parse_first_half for r in results], 2, bounds=False)
-        second = spread([r.parse_second_half for r in results], 2, bounds=False)
-        cells = [
-            spread([r.tokens for r in results], 0),
-            spread([r.iterations for r in results], 0),
-            f"{spread([r.steps for r in results], 0)} ({spread([r.moved for r in results], 0)})",
-            spread([r.train_s for r in results], 0),
-            spread([r.diversity for r in results]),
-            spread([r.parse_rate for r in results], 2),
-            f"{first} -> {second}",
-            spread([r.trained_share for r in results], 2),
-            spread([r.tokens_per_s for r in results], 1),
-        ]
-        lines.append(f"| {ARM_TITLES[arm]} | " + " | ".join(cells) + " |")
-    lines += probe_table(runs)
-    lines += [
-        "",
-        "Every run:",
-        "",
-        "| arm | seed | wall s | tokens | iterations | steps | "
-        + " | ".join(f"best {name}" for name in objectives)
-        + " | coverage | hypervolume | diversity | parse rate | tok/s |",
-        "|---|---:|" + "---:|" * (len(objectives) + 9),
-    ]
-    for arm, results in runs.items():
-        for r in results:
-            cells = [
-                f"{r.wall_s:.0f}",
-                str(r.tokens),
-                str(r.iterations),
-                str(r.steps),
-                *(f"{value:.3f}" for value in r.best),
-                f"{r.coverage:.4f}",
-                f"{r.hypervolume(live):.4f}",
-                spread([r.diversity]),
-                spread([r.parse_rate], 2),
-                f"{r.tokens_per_s:.1f}",
-            ]
-            lines.append(f"| {arm} | {r.seed} | " + " | ".join(cells) + " |")
-    if failures:
-        lines += ["", "Runs that failed or were not run (left out of every table above):", ""]
-        lines += ["| arm | seed | why |", "|---|---:|---|"]
-        lines += [f"| {arm} | {seed} | {why} |" for arm, seed, why in failures]
-    return "\n".join(lines) + "\n"
-
-
-# What each arm is paired against: no training, then GRPO and the paper's VPO for the arms that
-# change VPO's reward (issue 46's target: diversity at least GRPO's).
-PAIRED_AGAINST: dict[str, tuple[str, ...]] = {
-    "none": tuple(ARMS),
-    "grpo": ("vpo", *DISCOVERY_REWARD),
-    "vpo": DISCOVERY_REWARD,
-}
-
-
-def last_probe_diversity(result: RunResult) -> float:
-    """The pool diversity of the run's last probed version; nan where none was measured."""
-    if not result.probe or max(result.probe) == 0:
-        return np.nan
-    value = result.probe[max(result.probe)]["diversity"]
-    return np.nan if value is None else float(value)
-
-
-def paired_table(
-    runs: dict[str, list[RunResult]], live: Sequence[int], base: str = "none"
-) -> list[str]:
-    """The arms PAIRED_AGAINST names for `base` against it, paired by seed: the mean difference
-    and its bootstrap interval in best fit_id and fit_ood (the first two objectives), front
-    coverage, hypervolume and pool diversity, and against a trained base the last version's
-    probe diversity; nothing without `base` and one of those arms."""
-    arms = [arm for arm in runs if arm != base and arm in PAIRED_AGAINST.get(base, ())]
-    if base not in runs or not arms:
-        return []
-    by_seed = {r.seed: r for r in runs[base]}
-    objectives = runs[base][0].objectives
-    measures = [
-        *(
-            (f"best {objectives[j]}", lambda r, j=j: r.best[j])
-            for j in range(min(2, len(objectives)))
-        ),
-        ("front coverage", lambda r: r.coverage),
-        ("hypervolume", lambda r: r.hypervolume(live)),
-        ("pool diversity", lambda r: r.diversity),
-    ]
-    if base != "none":
-        measures.append(("probe diversity, last version", last_probe_diversity))
-    level = f"{PAIRED_LEVEL:.0%}"
-    against = "no training" if base == "none" else ARM_TITLES[base]
-    lines = [
-        "",
-        f"Paired by seed against {against}: mean difference [bootstrap {level} interval] "
-        "(an arm is ahead where the interval lies above 0):",
-        "",
-        "| arm | seeds | " + " | ".join(name for name, _ in measures) + " |",
-        "|---|---:|" + "---:|" * len(measures),
-    ]
-    for arm in arms:
-        pairs = [(r, by_seed[r.seed]) for r in runs[arm] if r.seed in by_seed]
-        if not pairs:
-            continue
-        cells = []
-        for _, measure in measures:
-            differences = [measure(a) - measure(b) for a, b in pairs]
-            differences = [d for d in differences if not np.isnan(d)]
-            if not differences:
-                cells.append("-")
-                continue
-            mean, low, high = paired_interval(differences)
-            cells.append(f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]")
-        lines.append(f"| {ARM_TITLES[arm]} | {len(pairs)} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def probe_table(runs: dict[str, list[RunResult]]) -> list[str]:
-    """Version 0 (once per m) against each trained arm's last version on the first prompt, the
-    last versions' values as mean [min, max] over seeds; nothing when nothing was probed."""
-    rows: list[tuple[str, list[dict]]] = []
-    # Version 0 of each m, once per seed (arms of one m share it; runs apart may each probe it).
-    starts: dict[int, dict[int, dict]] = {}
-    for arm, results in runs.items():
-        for r in results:
-            if r.probe and 0 in r.probe:
-                starts.setdefault(ARMS[arm][0], {}).setdefault(r.seed, r.probe[0])
-    for m, by_seed in starts.items():
-        rows.append((f"version 0 (m = {m})", list(by_seed.values())))
-    for arm, results in runs.items():
-        last = [r.probe[max(r.probe)] for r in results if r.probe and max(r.probe) > 0]
-        if last:
-            rows.append((f"{ARM_TITLES[arm]}: last version", last))
-    if not rows:
-        return []
-    ks = [k for k in BEST_AT_SHOWN if k <= min(len(p["best_at"]) for _, ps in rows for p in ps)]
-    lines = [
-        "",
-        f"On one fixed prompt (the campaign's first: the seed as parent, no drafts), {PROBE_SLOTS}"
-        " candidate slots per version (10 completions x m = 3, or 30 x 1), sampling seed fixed;"
-        " a slot that did not parse or whose program failed scores 0; best@k: the expected best"
-        " mean score among k slots drawn from the pool (benchmarks/probe.py):",
-        "",
-        "| version | steps | parse rate | valid slots | mean score | set score | pool diversity | "
-        + " | ".join(f"best@{k}" for k in ks)
-        + " |",
-        "|---|" + "---:|" * (6 + len(ks)),
-    ]
-    for title, probes in rows:
-        cells = [
-            spread([p["step"] for p in probes], 0),
-            spread([p["parse_rate"] for p in probes], 2),
-            spread([p["valid"] for p in probes], 0),
-            spread([p["mean_score"] for p in probes], 4),
-            spread([p["set_score"] for p in probes], 4),
-            spread([np.nan if p["diversity"] is None else p["diversity"] for p in probes], 3),
-            *(spread([p["best_at"][k - 1] for p in probes], 4) for k in ks),
-        ]
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def plot(args: argparse.Namespace, runs: dict[str, list[RunResult]]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    objectives = next(iter(runs.values()))[0].objectives
-    live = live_objectives(runs)
-    end = max(r.tokens for results in runs.values() for r in results)
-    grid = np.linspace(0, end, GRID_POINTS)
-    panels = len(objectives) + 1
-    columns = 2 if panels == 4 else panels
-    rows = -(-panels // columns)
-    figure, grid_of_axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 4.2 * rows))
-    axes = np.ravel(grid_of_axes)[:panels]
-    counts = {len(results) for results in runs.values()}  # seeds an arm has; may differ
-    for arm, results in runs.items():
-        # A run that ended holds its last value to the longest run's end.
-        best = np.stack([best_so_far(r.program_tokens, r.program_scores, grid) for r in results])
-        volume = np.stack(
-            [hypervolume_so_far(r.program_tokens, r.program_scores[:, live], grid) for r in results]
-        )
-        curves = [best[:, :, j] for j in range(len(objectives))] + [volume]
-        for axis, curve in zip(axes, curves, strict=True):
-            label = ARM_TITLES[arm] + (f", {len(results)} seeds" if len(counts) > 1 else "")
-            (line,) = axis.plot(grid, curve.mean(axis=0), label=label)
-            if len(results) > 1:
-                axis.fill_between(
-                    grid, curve.min(axis=0), curve.max(axis=0), color=line.get_color(), alpha=0.2
-                )
-    for axis, name in zip(axes, [*objectives, "hypervolume"], strict=True):
-        axis.set(xlabel="tokens generated", ylabel=name, title=f"best {name}")
-        axis.axvline(
-            args.token_budget, color="grey", linestyle=":", linewidth=1, label="token budget"
-        )
-        axis.grid(alpha=0.3)
-    axes[0].legend()
-    axes[-1].set_title(
-        "hypervolume of the valid programs (" + ", ".join(objectives[j] for j in live) + ")"
-    )
-    seeds = max(counts)
-    over = f"{seeds} seed{'s' if seeds > 1 else ''}" if len(counts) == 1 else "its seeds"
-    figure.suptitle(
-        f"{args.problem} on {args.model}, token budget {args.token_budget}: each arm's mean "
-        f"over {over}" + (", band min-max" if seeds > 1 else "")
-    )
-    figure.tight_layout()
-    args.plot.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(args.plot, dpi=110)
 
 
 def main() -> None:

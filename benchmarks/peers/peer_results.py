@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from discovery import (
-    best_so_far,
-    hypervolume_so_far,
-    read_run,
-    save_summary,
-    spread,
-    summary_fields,
-)
+from discovery import read_run
+from discovery_report import spread
+from discovery_runs import best_so_far, hypervolume_so_far, save_summary, summary_fields
 from peer_proxy import Ledger, read_calls
 
 from trainer.measures import hypervolume
