@@ -65,27 +65,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from discovery_report import paired_table, plot, probe_table, report  # noqa: E402,F401
-from discovery_runs import (  # noqa: E402,F401
+from discovery_report import plot, report  # noqa: E402
+from discovery_runs import (  # noqa: E402
     ARMS,
     DISCOVERY_REWARD,
     PROBE_SLOTS,
     RunResult,
-    best_so_far,
-    coverage,
     database,
-    hypervolume_so_far,
-    live_objectives,
     mean_of,
-    paired_interval,
     summary_path,
 )
 from probe import probe_apart  # noqa: E402
 from reporting import publish  # noqa: E402
 
 from harness.cli.flags import add_protocol, protocol_flags  # noqa: E402
-from trainer.measures import front_points as pareto_front  # noqa: E402,F401
-from trainer.measures import hypervolume  # noqa: E402,F401
 
 RESULTS = ROOT / "benchmarks" / "results"
 # oscillator1: the embedded model beats its seed out of domain within a few batches (make demo),

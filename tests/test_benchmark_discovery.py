@@ -19,6 +19,11 @@ assert _SPEC is not None and _SPEC.loader is not None
 discovery = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = discovery  # its dataclasses look their module up
 _SPEC.loader.exec_module(discovery)
+# discovery.py puts benchmarks/ on sys.path: its measures and report live beside it.
+import discovery_report  # noqa: E402
+import discovery_runs  # noqa: E402
+
+from trainer.measures import front_points, hypervolume  # noqa: E402
 
 
 def cell_count_hypervolume(points: np.ndarray) -> float:
@@ -36,7 +41,7 @@ def cell_count_hypervolume(points: np.ndarray) -> float:
 
 
 def test_hypervolume_by_hand() -> None:
-    hv = discovery.hypervolume
+    hv = hypervolume
     assert hv(np.zeros((0, 3))) == 0.0
     assert hv(np.array([[1.0, 2.0, 3.0]])) == pytest.approx(6.0)
     # Two boxes of 6 overlapping in [0,1] x [0,2] x [0,1].
@@ -59,14 +64,14 @@ def test_hypervolume_by_hand() -> None:
 )
 def test_hypervolume_is_the_dominated_volume(rows: list[list[int]]) -> None:
     points = np.array(rows, dtype=np.float64) / 2
-    assert discovery.hypervolume(points) == pytest.approx(cell_count_hypervolume(points))
+    assert hypervolume(points) == pytest.approx(cell_count_hypervolume(points))
     # Neither the order of the points nor that of the objectives matters.
-    assert discovery.hypervolume(points[::-1, ::-1]) == pytest.approx(discovery.hypervolume(points))
+    assert hypervolume(points[::-1, ::-1]) == pytest.approx(hypervolume(points))
 
 
 def test_pareto_front_keeps_the_undominated_once() -> None:
     points = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.4, 0.4], [1.0, 0.0]])
-    front = discovery.pareto_front(points)
+    front = front_points(points)
     assert sorted(map(tuple, front)) == [(0.0, 1.0), (0.5, 0.5), (1.0, 0.0)]
 
 
@@ -74,10 +79,10 @@ def test_best_so_far_is_the_running_max_by_tokens() -> None:
     tokens = np.array([0, 100, 100, 250])
     values = np.array([[0.0, 0.2], [0.5, 0.1], [0.3, 0.4], [0.4, 0.9]])
     grid = np.array([-1, 0, 99, 100, 300])
-    best = discovery.best_so_far(tokens, values, grid)
+    best = discovery_runs.best_so_far(tokens, values, grid)
     assert best[0].tolist() == [-np.inf, -np.inf]
     assert best[1:].tolist() == [[0.0, 0.2], [0.0, 0.2], [0.5, 0.4], [0.5, 0.9]]
-    volume = discovery.hypervolume_so_far(tokens, values, np.array([0, 100, 300]))
+    volume = discovery_runs.hypervolume_so_far(tokens, values, np.array([0, 100, 300]))
     assert volume.tolist() == pytest.approx([0.0, 0.5 * 0.1 + 0.3 * 0.3, 0.4 * 0.9 + 0.1 * 0.1])
 
 
@@ -93,11 +98,11 @@ def test_the_hypervolume_leaves_out_objectives_no_program_scored_on() -> None:
         )  # fmt: skip
 
     runs = {"none": [result([[0.2, 0.1, 0.0]])], "vpo": [result([[0.1, 0.3, 0.0]])]}
-    assert discovery.live_objectives(runs) == [0, 1]
+    assert discovery_runs.live_objectives(runs) == [0, 1]
     assert runs["none"][0].hypervolume([0, 1]) == pytest.approx(0.02)
     assert runs["none"][0].hypervolume([0, 1, 2]) == 0.0
     nothing = {"none": [result([[0.0, 0.0, 0.0]])]}
-    assert discovery.live_objectives(nothing) == [0, 1, 2]
+    assert discovery_runs.live_objectives(nothing) == [0, 1, 2]
     assert runs["none"][0].trained_share == 0.75
 
 
@@ -118,19 +123,19 @@ def test_the_probe_table_sets_version_zero_beside_each_arms_last_version() -> No
         "none": [result("none", {0: measured(0, 0.2)})],
         "vpo": [result("vpo", {40: measured(40, 0.4)}), result("vpo", {41: measured(41, 0.6)})],
     }
-    rows = [line for line in discovery.probe_table(runs) if line.startswith("| ")]
+    rows = [line for line in discovery_report.probe_table(runs) if line.startswith("| ")]
     assert rows[1].startswith("| version 0 (m = 3) | 0 | 0.50 | 12 |")
     # Arms of one m run apart each probed version 0 of seed 0: one row still, over seeds.
     both = {**runs, "multi": [result("multi", {0: measured(0, 0.9), 30: measured(30, 0.5)}),
                               result("multi", {0: measured(0, 0.4)}, seed=1)]}  # fmt: skip
-    rows_both = [line for line in discovery.probe_table(both) if line.startswith("| ")]
+    rows_both = [line for line in discovery_report.probe_table(both) if line.startswith("| ")]
     zero = [row for row in rows_both if row.startswith("| version 0")]
     assert len(zero) == 1 and zero[0].endswith("| 0.3000 [0.2000, 0.4000] |")  # seeds 0, 1
     last = rows[2].split(" | ")
     assert last[0] == "| VPO in the loop (m = 3): last version" and last[1] == "40 [40, 41]"
     assert rows[2].endswith("| 0.5000 [0.4000, 0.6000] |")  # best@30: the pools' best
     assert last[6] == "-"  # no diversity measured
-    assert discovery.probe_table({"none": [result("none", None)]}) == []
+    assert discovery_report.probe_table({"none": [result("none", None)]}) == []
 
 
 def _load(name: str) -> object:
@@ -263,21 +268,23 @@ def test_front_coverage_is_the_r2_indicator_and_stays_open_with_a_closed_objecti
     """Coverage is the mean best weighted sum over fixed weightings: a point of all ones
     scores 1, adding a dominated point changes nothing, and an objective at 0 for every
     program (where the hypervolume is 0) still leaves the others' progress visible."""
-    assert discovery.coverage(np.zeros((0, 3))) == 0.0
-    assert discovery.coverage(np.ones((1, 3))) == pytest.approx(1.0)
+    assert discovery_runs.coverage(np.zeros((0, 3))) == 0.0
+    assert discovery_runs.coverage(np.ones((1, 3))) == pytest.approx(1.0)
     front = np.array([[0.9, 0.1, 0.0], [0.1, 0.9, 0.0]])
-    assert discovery.coverage(np.vstack([front, [[0.05, 0.05, 0.0]]])) == discovery.coverage(front)
+    assert discovery_runs.coverage(
+        np.vstack([front, [[0.05, 0.05, 0.0]]])
+    ) == discovery_runs.coverage(front)
     better = np.array([[0.95, 0.1, 0.0], [0.1, 0.9, 0.0]])
-    assert discovery.coverage(better) > discovery.coverage(front) > 0
-    assert discovery.hypervolume(better) == 0.0
+    assert discovery_runs.coverage(better) > discovery_runs.coverage(front) > 0
+    assert hypervolume(better) == 0.0
 
 
 def test_the_paired_interval_is_a_bootstrap_of_the_seed_differences() -> None:
-    mean, low, high = discovery.paired_interval([0.1, 0.2, 0.3, 0.2, 0.2])
+    mean, low, high = discovery_runs.paired_interval([0.1, 0.2, 0.3, 0.2, 0.2])
     assert mean == pytest.approx(0.2) and 0.1 <= low < 0.2 < high <= 0.3
-    mean, low, high = discovery.paired_interval([-0.1, 0.1])
+    mean, low, high = discovery_runs.paired_interval([-0.1, 0.1])
     assert low < 0 < high  # two seeds that disagree cannot separate the arms
-    assert discovery.paired_interval([0.5]) == (0.5, 0.5, 0.5)
+    assert discovery_runs.paired_interval([0.5]) == (0.5, 0.5, 0.5)
 
 
 def test_the_discovery_reward_arms_pass_their_reward_and_vpo_keeps_the_papers() -> None:
@@ -313,11 +320,11 @@ def test_the_discovery_reward_arms_are_paired_against_grpo_and_the_papers_vpo_to
         "grpo": [result("grpo", s, 0.2, 0.3) for s in range(3)],
         "vpo_front": [result("vpo_front", s, 0.2 + 0.1 * (s + 1), 0.4) for s in range(3)],
     }
-    against_none = [row for row in discovery.paired_table(runs, [0]) if row.startswith("| ")]
+    against_none = [row for row in discovery_report.paired_table(runs, [0]) if row.startswith("| ")]
     assert [row.split(" | ")[0] for row in against_none[1:]] == [
         "| GRPO in the loop (m = 1)", "| VPO, discovery reward (m = 3)"
     ]  # fmt: skip
-    table = discovery.paired_table(runs, [0], "grpo")
+    table = discovery_report.paired_table(runs, [0], "grpo")
     assert "against GRPO in the loop (m = 1)" in table[1]
     rows = [row for row in table if row.startswith("| ")]
     assert rows[0].endswith("| pool diversity | probe diversity, last version |")
@@ -328,4 +335,4 @@ def test_the_discovery_reward_arms_are_paired_against_grpo_and_the_papers_vpo_to
     assert cells[-2].startswith("+0.2000 [+0.1")  # pool diversity 0.1, 0.2, 0.3 above GRPO's
     assert cells[-1] == "+0.1000 [+0.1000, +0.1000] |"
     # No paper's VPO in the grid: no table against it.
-    assert discovery.paired_table(runs, [0], "vpo") == []
+    assert discovery_report.paired_table(runs, [0], "vpo") == []
