@@ -364,8 +364,9 @@ class EquationDiscovery(Problem):
             return None
 
     def family(self, code: str) -> str | None:
-        """The equation family of the expression `code` states (family.py); None for a text
-        the grammar refuses or an expansion too large to key."""
+        """The equation family of the expression `code` states (family.py: bounded, and
+        shared only by one family up to its fitted constants); None for a text the grammar
+        refuses."""
         equation = self.read(code)
         return None if equation is None else key_of(equation.tree, self.compact.inputs)
 
