@@ -29,6 +29,7 @@ import base64
 import binascii
 import ctypes
 import errno
+import fcntl
 import functools
 import gc
 import importlib
@@ -421,9 +422,14 @@ class _ControlGroups:
 SCMP_ACT_KILL_PROCESS = 0x80000000
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_ERRNO = 0x00050000  # | errno
-SCMP_CMP_EQ, SCMP_CMP_MASKED_EQ = 4, 7
+SCMP_CMP_MASKED_EQ = 7
 SCMP_FLTATR_CTL_TSYNC = 4
-AF_UNIX = 1
+# fcntl's commands that take, wait for or look for a lock or a lease on a file (on a 64-bit
+# system the F_*LK64 commands are these numbers)
+LOCK_COMMANDS = (
+    fcntl.F_GETLK, fcntl.F_SETLK, fcntl.F_SETLKW, fcntl.F_OFD_GETLK, fcntl.F_OFD_SETLK,
+    fcntl.F_OFD_SETLKW, fcntl.F_SETLEASE,
+)  # fmt: skip
 FORBIDDEN_CALLS = (
     # namespaces, mounts and the root directory
     "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig",
@@ -510,9 +516,19 @@ class _Seccomp:
         # clone3 passes its flags in memory, where a filter cannot look: "not implemented" makes
         # the C library fall back to clone, whose flags it can
         add(SCMP_ERRNO | errno.ENOSYS, "clone3")
-        # a Unix socket could reach a daemon's socket file; a refusal (not a kill) because the C
-        # library tries one for user look-ups (nscd) before the files (none in view.py's root)
-        add(SCMP_ERRNO | errno.EACCES, "socket", (0, SCMP_CMP_EQ, AF_UNIX, 0))
+        # No socket of any family: the allowlist is empty, since no problem and nothing of the
+        # sandbox's needs one, and the network namespace covers only some (AF_VSOCK reaches the
+        # hypervisor, AF_UNIX a daemon's socket file or abstract name, even through a datagram
+        # socketpair disconnected with AF_UNSPEC). A refusal, not a kill, because the C library
+        # tries a Unix socket for user look-ups (nscd) before the files (none in view.py's root).
+        add(SCMP_ERRNO | errno.EACCES, "socket")
+        add(SCMP_ERRNO | errno.EACCES, "socketpair")
+        # No file locks: a lock on a file the root shows is the host's lock on that file, which
+        # could block a process outside or signal another sandbox. The kernel reads fcntl's
+        # command as a 32-bit int, so the rule looks at those bits alone.
+        add(SCMP_ERRNO | errno.ENOLCK, "flock")
+        for command in LOCK_COMMANDS:
+            add(SCMP_ERRNO | errno.ENOLCK, "fcntl", (1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, command))
         result = library.seccomp_attr_set(context, SCMP_FLTATR_CTL_TSYNC, 1)  # every thread
         if result < 0:
             raise OSError(-result, f"seccomp_attr_set: {os.strerror(-result)}")
