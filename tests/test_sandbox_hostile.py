@@ -590,6 +590,26 @@ def test_locks_do_not_cross_the_sandbox(sandbox: Sandbox) -> None:
         assert outcome.value == refused
 
 
+WATCHES = """
+import ctypes, errno
+def f():
+    libc = ctypes.CDLL(None, use_errno=True)
+    seen = {}
+    for name, call in (("inotify_init1", lambda: libc.inotify_init1(0)),
+                       ("fanotify_init", lambda: libc.fanotify_init(0, 0))):
+        seen[name] = "made" if call() >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+    return seen
+"""
+
+
+def test_no_file_watches_between_sandboxes(sandbox: Sandbox) -> None:
+    """A watch on a file the root shows would see another candidate open the same host file:
+    a channel between two sandboxes. Refused as not implemented."""
+    outcome = run(sandbox, WATCHES)
+    assert outcome.status == "ok", outcome.reason
+    assert outcome.value == {"inotify_init1": "ENOSYS", "fanotify_init": "ENOSYS"}
+
+
 @needs_isolation(ROOT, "only a root harness claims uids")
 def test_lock_files_live_in_roots_folder() -> None:
     slot = confinement.claim_slots(1)[0]

@@ -529,6 +529,11 @@ class _Seccomp:
         add(SCMP_ERRNO | errno.ENOLCK, "flock")
         for command in LOCK_COMMANDS:
             add(SCMP_ERRNO | errno.ENOLCK, "fcntl", (1, SCMP_CMP_MASKED_EQ, 0xFFFFFFFF, command))
+        # No watches on files: the root shows other sandboxes the same host files, so an
+        # inotify watch on one sees another candidate open it, a channel between the two.
+        # "Not implemented": a library that watches files falls back to looking.
+        for name in ("inotify_init", "inotify_init1", "fanotify_init"):
+            add(SCMP_ERRNO | errno.ENOSYS, name)
         result = library.seccomp_attr_set(context, SCMP_FLTATR_CTL_TSYNC, 1)  # every thread
         if result < 0:
             raise OSError(-result, f"seccomp_attr_set: {os.strerror(-result)}")
