@@ -202,7 +202,9 @@ class Problem(ABC):
         the training targets are and predicts, from those constants alone, in a process that
         never holds a target). `code` is the candidate's program as written, for measures of
         its text. The last stage's value goes to `score` with the call that produced it; the
-        objectives and the result stay the first call's."""
+        objectives and the result stay the first call's, and a failure's reason names the stage
+        that raised it. What a stage returned before its last is kept beside the scores (its
+        artifacts' `returned`), so keep it small: `vpo eval` and `vpo db show` print it."""
         return None
 
     def private_paths(self) -> Sequence[str]:
@@ -244,11 +246,14 @@ def combine(
     results: Mapping[str, tuple[Status, Mapping[str, float], str | None]],
     seconds: float = 0.0,
     artifacts: Mapping[str, Any] | None = None,
+    stages: Mapping[str, str] | None = None,
 ) -> Evaluation:
     """Fold per-call results (status, raw values, reason) into one Evaluation.
 
     Objectives keep the credit of the calls that succeeded: the reward vector is per part, so a
-    program that solves n=26 but breaks n=32 still scores on n=26.
+    program that solves n=26 but breaks n=32 still scores on n=26. A failure's reason is
+    labelled with its call's key, or with the key of the stage that gave the result where
+    `stages` names one (`follow_up`: "predict: ..." for a call that began as "fit").
     """
     scores: dict[str, float] = {}
     raw: dict[str, float | None] = {}
@@ -263,7 +268,7 @@ def combine(
         if call_status != "ok":
             if status == "ok":
                 status = call_status
-            reasons.append(f"{call.key}: {reason}")
+            reasons.append(f"{(stages or {}).get(call.key, call.key)}: {reason}")
     reason = None
     if reasons:
         reason = reasons[0] if len(reasons) == 1 else f"{reasons[0]} (and {len(reasons) - 1} more)"

@@ -59,8 +59,11 @@ def test_eval_reports_alphaevolve_packings_at_their_published_sums(tmp_path: Pat
     result = vpo("eval", "circle_packing", str(program), "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report) == {"status", "scores", "raw", "reason"}
+    assert set(report) == {"status", "scores", "raw", "reason", "program", "rewritten", "returned"}
     assert report["status"] == "ok" and report["reason"] is None
+    # circle_packing runs a program as written; one stage a call hands nothing on
+    assert report["program"] == packing_program() and report["rewritten"] is False
+    assert report["returned"] == {}
     assert round(report["raw"]["n26"], 10) == 2.6358627564
     assert round(report["raw"]["n32"], 10) == 2.9379445262
     assert round(report["raw"]["rect21"], 10) == 2.3658321334

@@ -21,6 +21,7 @@ from harness.cli.flags import (
     row_count,
 )
 from harness.config.errors import UserError
+from problems.api import Problem
 
 
 def add_commands(commands: Any) -> None:
@@ -197,6 +198,7 @@ def _db_view(store: Any, args: argparse.Namespace) -> int:
         data = views.bestk(store, campaign.id, args.k)
     elif command == "show":
         data = views.show(store, args.id)
+        data["returned"] = _stored_returns(store, data)
     elif command == "diff":
         data = views.diff(store, args.id, args.other)
     else:
@@ -213,3 +215,41 @@ def _weights(text: str) -> list[float]:
         return [float(w) for w in text.split(",")]
     except ValueError:
         raise UserError(f"--weights must be numbers separated by commas, not {text!r}") from None
+
+
+def _stored_returns(store: Any, program: dict[str, Any]) -> dict[str, Any] | None:
+    """What a stored program's first stages returned (`render.stage_returns`: a fit's
+    constants); None where its problem takes stages, its first returned and nothing was kept:
+    a program stored before vpo kept it."""
+    metrics = program["metrics"]
+    artifacts = metrics.get("artifacts") if isinstance(metrics, dict) else None
+    if not isinstance(artifacts, dict):
+        return {}
+    returned = render.stage_returns(artifacts)
+    if returned or not artifacts:
+        return returned
+    problem = _installed_problem(store, program["id"])
+    if not isinstance(problem, Problem) or type(problem).follow_up is Problem.follow_up:
+        return {}  # one stage a call: nothing is handed on
+    calls = {call.key for call in problem.calls()}
+    # its first stage returned: it scored, or a later stage ran
+    handed_on = program["status"] == "ok" or any(stage not in calls for stage in artifacts)
+    return None if handed_on else {}
+
+
+def _installed_problem(store: Any, program_id: int) -> Any:
+    """The problem of the program's campaign, or None where it cannot be loaded. Only an
+    installed problem is: a view never imports a folder's problem.py that a database names."""
+    from problems.registry import available
+    from problems.registry import load as load_problem
+
+    program = store.program(program_id)
+    spec = next((c.problem for c in store.campaigns() if c.id == program.campaign_id), None)
+    if spec is None or Path(spec).exists() or "/" in spec or spec.startswith("."):
+        return None
+    if spec.partition(":")[0] not in available():
+        return None
+    try:
+        return load_problem(spec)
+    except Exception:  # a package that fails to load: nothing can be told
+        return None

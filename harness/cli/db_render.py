@@ -8,7 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.cli.render import code_block, console, inert, score_text, summary_table
+from harness.cli.render import (
+    code_block,
+    console,
+    inert,
+    print_stage_returns,
+    score_text,
+    summary_table,
+)
 
 
 def print_view(command: str, data: Any) -> None:
@@ -79,8 +86,9 @@ def _best_at_k(data: dict[str, Any]) -> Any:
 
 
 def _print_program(console: Any, data: Any) -> None:
-    """A program's row, scores and feedback, where it came from, its code, and the completion
-    of the rollout that wrote it (seeds and migrants have none)."""
+    """A program's row, scores and feedback, where it came from, what its first stages
+    returned (a fit's constants), its code as the sandbox ran it, and the completion of the
+    rollout that wrote it (seeds and migrants have none)."""
     from rich.text import Text
 
     console.print(
@@ -106,6 +114,10 @@ def _print_program(console: Any, data: Any) -> None:
                 f"{version_text(data.get('policy_version'))}"
             )
         )
+    print_stage_returns(console, data.get("returned", {}))
+    # What is stored is what ran: a problem that writes its programs (an equation) stores its
+    # writing, and the completion below shows what the model wrote.
+    console.print(Text("program as the sandbox ran it:"))
     console.print(code_block(data["code"], "python", line_numbers=True))
     if detail:
         tokens = rollout["num_tokens"]

@@ -54,11 +54,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
     workers = args.workers or min(len(problem.calls()), os.cpu_count() or 1)
     with Sandbox(workers=workers) as sandbox:
         evaluation = evaluate(problem, code, sandbox)
+    program = admitted(problem, code)
     if args.json:
-        print(json.dumps(evaluation.to_json()))
+        report = {
+            **evaluation.to_json(),
+            # what the sandbox ran: the file as written, or the problem's own writing of it
+            "program": program,
+            "rewritten": None if program is None else program != code,
+            "returned": render.stage_returns(evaluation.artifacts),
+        }
+        print(json.dumps(report))
     else:
-        render.print_evaluation(problem, evaluation, title=f"{problem.name}: {args.file}")
+        title = f"{problem.name}: {args.file}"
+        render.print_evaluation(problem, evaluation, title, program, code)
     return 0 if evaluation.status == "ok" else 1
+
+
+def admitted(problem: Problem, code: str) -> str | None:
+    """The program the sandbox runs for `code` (`Problem.admit`, which `evaluate` applies the
+    same way: it gives the same text every time), or None where the problem refuses it and
+    nothing ran."""
+    try:
+        return problem.admit(code)
+    except Exception:  # the evaluation's reason says why
+        return None
 
 
 def program_problem(spec: str) -> Problem:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from problems.api import Evaluation, Problem, record_note
@@ -90,10 +90,59 @@ def problem_json(problem: Any) -> dict[str, Any]:
     }
 
 
-def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> None:
+def stage_returns(artifacts: Mapping[str, Any]) -> dict[str, Any]:
+    """What each stage that another followed returned, by stage (`evaluate_many` keeps it):
+    `{"fit": {"params": [...], "training_mse": ...}}`; empty for a problem of one stage."""
+    return {
+        stage: found["returned"]
+        for stage, found in artifacts.items()
+        if isinstance(found, Mapping) and "returned" in found
+    }
+
+
+def data_text(value: Any, nested: bool = False) -> str:
+    """Kept data (`results.kept`) on one line, numbers to six significant digits, text inert:
+    `params [1.5, -0.25], training_mse 3.1e-05`."""
+    if isinstance(value, Mapping):
+        text = ", ".join(f"{inert(str(k))} {data_text(v, True)}" for k, v in value.items())
+        return f"{{{text}}}" if nested else text
+    if isinstance(value, list):
+        return "[" + ", ".join(data_text(item, True) for item in value) + "]"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return inert(value) if isinstance(value, str) else str(value)
+
+
+def print_stage_returns(out: Any, returned: Mapping[str, Any] | None) -> None:
+    """`fit returned: params [...], training_mse ...`, one line per stage; None: a program
+    stored before they were kept."""
+    if returned is None:
+        out.print(
+            "what its earlier stages returned (a fit's constants) was not recorded: the program"
+            " was stored before vpo kept it (`vpo eval` of its code shows it)",
+            markup=False,
+            highlight=False,
+        )
+    for stage, value in (returned or {}).items():
+        out.print(f"{inert(stage)} returned: {data_text(value)}", markup=False, highlight=False)
+
+
+def print_evaluation(
+    problem: Problem, evaluation: Evaluation, title: str, program: str | None, written: str
+) -> None:
+    """The program the sandbox ran (where the problem rewrote the file's text `written`; None:
+    it refused it), the scores, what its earlier stages returned (a fit's constants), and last
+    the status with its reason."""
     from rich.table import Table
     from rich.text import Text
 
+    out = console()
+    driver = ", followed by the problem's driver" if problem.driver else ""
+    if program == written:
+        out.print(f"program: run as written{driver}", markup=False, highlight=False)
+    elif program is not None:
+        out.print(f"program the sandbox ran, as the problem wrote it{driver}:", markup=False)
+        out.print(code_block(program, "python", line_numbers=True))
     # A file name is shown as written, never read as rich markup or terminal codes.
     table = Table(title=Text(inert(title)))
     for column in ("objective", "score", "raw", "best known"):
@@ -106,8 +155,8 @@ def print_evaluation(problem: Problem, evaluation: Evaluation, title: str) -> No
             "-" if raw is None else f"{raw:.10f}",
             f"{objective.best_known:.10g}",
         )
-    out = console()
     out.print(table)
+    print_stage_returns(out, stage_returns(evaluation.artifacts))
     line = f"status: {evaluation.status}"
     if evaluation.reason:
         # The reason quotes the candidate (its exception, its output): escaped like `vpo db`.

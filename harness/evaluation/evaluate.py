@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.evaluation.calls import Call as SandboxCall
 from harness.evaluation.calls import Limits
-from harness.evaluation.results import one_line
+from harness.evaluation.results import kept, one_line
 from harness.evaluation.sandbox import Sandbox
 from problems.api import Call, Evaluation, Infeasible, Problem, Status, combine
 
@@ -41,7 +41,9 @@ def evaluate_many(
     with the reason, and never reaches a process; what runs is the admitted program.
 
     A call the problem follows up (`Problem.follow_up`) runs its next stage in a fresh process,
-    every program's next stages again in one batch; the last stage's data are scored."""
+    every program's next stages again in one batch; the last stage's data are scored. What an
+    earlier stage returned is kept in its artifacts (`returned`, bounded by `results.kept`), and
+    a failure's reason names the stage that raised it ("predict: ...")."""
     calls = list(problem.calls())
     limits = limits or limits_for(problem)
     private = tuple(problem.private_paths())
@@ -57,6 +59,7 @@ def evaluate_many(
     # one chain per (program, call): (index of the program, the call as first made)
     chains = [(i, call) for i in range(len(codes)) if i not in refused for call in calls]
     current: list[Call | None] = [call for _, call in chains]
+    ended = [call.key for _, call in chains]  # the stage each chain is at: its result's label
     results: list[tuple[Status, dict[str, float], str | None] | None] = [None] * len(chains)
     artifacts: list[dict[str, Any]] = [{} for _ in codes]
     seconds = [0.0] * len(codes)
@@ -69,7 +72,7 @@ def evaluate_many(
             index, first = chains[k]
             call = current[k]
             assert call is not None
-            artifacts[index][call.key] = {
+            artifact = artifacts[index][call.key] = {
                 "seconds": round(outcome.seconds, 4),
                 "stdout": outcome.stdout,
                 "stderr": outcome.stderr,
@@ -83,20 +86,21 @@ def evaluate_many(
                 continue
             try:
                 following = problem.follow_up(call, outcome.value, codes[index])
-            except Infeasible as exc:
-                results[k] = "invalid", {}, one_line(str(exc))
-                continue
             except Exception as exc:
-                reason = f"the scorer could not read the returned data: {_exc_line(exc)}"
-                results[k] = "invalid", {}, reason
+                artifact["returned"] = kept(outcome.value)  # what the problem refused, to see
+                results[k] = "invalid", {}, _refusal(exc)
                 continue
             if following is None:
                 results[k] = _score_call(problem, call, first.objectives, outcome.value)
-            elif stage + 1 == MAX_STAGES:
+                continue
+            # What one stage hands to the next (a fit's constants) is kept beside the scores:
+            # the last stage's data are scored, but these are what they were computed from.
+            artifact["returned"] = kept(outcome.value)
+            if stage + 1 == MAX_STAGES:
                 reason = f"the problem's call {first.key!r} asked for more than {MAX_STAGES} stages"
                 results[k] = "error", {}, reason
             else:
-                current[k] = following
+                current[k], ended[k] = following, following.key
     evaluations = []
     for index in range(len(codes)):
         if index in refused:
@@ -104,7 +108,9 @@ def evaluate_many(
             continue
         mine = {first.key: results[k] for k, (i, first) in enumerate(chains) if i == index}
         assert all(result is not None for result in mine.values())
-        evaluations.append(combine(problem, mine, seconds[index], artifacts[index]))  # type: ignore[arg-type]
+        # a failure is labelled with the stage that raised it, not the call that began there
+        stages = {first.key: ended[k] for k, (i, first) in enumerate(chains) if i == index}
+        evaluations.append(combine(problem, mine, seconds[index], artifacts[index], stages))  # type: ignore[arg-type]
     return evaluations
 
 
@@ -131,15 +137,21 @@ def _score_call(
     """Score the data the call's last stage returned; `objectives` are the first call's."""
     try:
         values = dict(problem.score(call, value))
-    except Infeasible as exc:
-        return "invalid", {}, one_line(str(exc))
-    except Exception as exc:  # data shaped so oddly that the scorer could not even read it
-        return "invalid", {}, f"the scorer could not read the returned data: {_exc_line(exc)}"
+    except Exception as exc:  # Infeasible, or data shaped so oddly that it could not be read
+        return "invalid", {}, _refusal(exc)
     for name in objectives:
         found = values.get(name)
         if not isinstance(found, int | float) or not math.isfinite(found):
             return "invalid", {}, f"objective {name} has no finite value ({found!r})"
     return "ok", {name: float(values[name]) for name in objectives}, None
+
+
+def _refusal(exc: Exception) -> str:
+    """Why the problem refused what a stage returned: its Infeasible's message, or the
+    failure of its reader on data shaped too oddly to read."""
+    if isinstance(exc, Infeasible):
+        return one_line(str(exc))
+    return f"the scorer could not read the returned data: {_exc_line(exc)}"
 
 
 def _exc_line(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ Text that reaches the database goes through `storable` or `one_line`: a lone UTF
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Literal
 
@@ -46,6 +47,48 @@ def decode_message(payload: bytes) -> tuple[Literal["ok", "error"], Any, str | N
     except Exception as exc:  # a decoder gap must cost this candidate, never the campaign
         reason = f"returned data the sandbox cannot accept: {zygote.one_line(exc)}"
         return "error", None, one_line(reason)
+
+
+# The most values of a stage's returned data kept beside its scores (`kept`): a fit's ten
+# constants and its training error, with room to spare; a construction of thousands is not kept.
+KEPT_VALUES = 100
+
+
+class _TooMany(Exception):
+    pass
+
+
+def kept(value: Any, limit: int = KEPT_VALUES) -> Any:
+    """The data a stage returned, as JSON the database stores and a user reads: arrays as
+    lists, a float that is not finite as its name ("nan", "inf"), text on one line, anything
+    else by its type; or, where it holds more than `limit` values, a sentence saying so."""
+    try:
+        return _kept(value, [limit])
+    except _TooMany:
+        return f"not kept: more than {limit} values"
+
+
+def _kept(value: Any, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooMany
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        value = float(value)  # numpy's float64 is a float, and repr(nan) would say so
+        return value if math.isfinite(value) else repr(value)  # JSON columns refuse NaN
+    if isinstance(value, str | complex):
+        return one_line(str(value), 200)
+    if isinstance(value, list | tuple):
+        return [_kept(item, budget) for item in value]
+    if isinstance(value, dict):
+        return {one_line(str(key), 200): _kept(item, budget) for key, item in value.items()}
+    size = getattr(value, "size", None)  # a numpy array or scalar
+    if isinstance(size, int) and callable(getattr(value, "tolist", None)):
+        if size > budget[0]:  # before tolist, which would copy an array of any size
+            raise _TooMany
+        return _kept(value.tolist(), budget)
+    return f"<{type(value).__name__}>"
 
 
 def one_line(text: str, limit: int = 300) -> str:
