@@ -146,7 +146,7 @@ class Problem(ABC):
     Class attributes a subclass sets: `name`, `description` (the statement the model reads),
     `seed_program` (a valid starting program), `objectives`, `entry` (the function the
     candidate defines), `time_limit` (seconds of wall clock per call) and `memory_mb`; and, for
-    a driven heuristic, `driver` and `driver_entry`.
+    a driven heuristic, `driver` and `driver_entry`, or `referee` and `referee_entry`.
     """
 
     kind = "program"
@@ -168,6 +168,16 @@ class Problem(ABC):
     # driver included) is judged by trusted code. Empty: `entry` is called directly.
     driver: str = ""
     driver_entry: str = ""
+    # For a call whose inputs the candidate must not hold at once (an online heuristic fed one
+    # item at a time): `referee` is trusted source that runs in a process of its own, where no
+    # candidate code runs; the sandbox calls `referee_entry(*call.args)` there (a call's
+    # `entry` names another of its functions), and it reaches the candidate's functions, the
+    # driver's among them, only through `call_candidate(name, *args)`, each call crossing to
+    # the candidate's process as data. What the referee returns is what `score` gets: the
+    # candidate can write no result, and sees only the arguments of the calls made to it (and
+    # the reason the call fails, when the referee raises: keep what it must not see out of it).
+    referee: str = ""
+    referee_entry: str = ""
     # The compact answer form, where the problem has one (`[sampling] form = "compact"`).
     compact: Compact | None = None
 

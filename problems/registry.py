@@ -117,6 +117,11 @@ def _validated(problem: AnyProblem, where: str) -> AnyProblem:
         raise ProblemLoadError(
             f"problem from {where}: driver_entry {driver_entry!r} needs a name and a driver"
         )
+    referee, referee_entry = getattr(problem, "referee", ""), getattr(problem, "referee_entry", "")
+    if bool(referee) != bool(referee_entry) or (referee and not referee_entry.isidentifier()):
+        raise ProblemLoadError(
+            f"problem from {where}: a referee needs referee_entry, a name ({referee_entry!r})"
+        )
     if not names:
         raise ProblemLoadError(f"problem from {where} has no objectives")
     if len(set(names)) != len(names):

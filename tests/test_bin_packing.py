@@ -11,6 +11,7 @@ from harness.evaluation.sandbox import Sandbox
 from problems.api import Infeasible
 from problems.bin_packing import (
     DRIVER,
+    REFEREE,
     BinPacking,
     bins_used,
     datasets,
@@ -36,9 +37,12 @@ def test_shipped_instances_are_funsearchs() -> None:
 
 
 def _run_locally(code: str, key: str) -> float:
-    namespace: dict = {}
-    exec(code + "\n" + DRIVER, namespace)  # trusted test code, not a candidate
-    return family_value(key, namespace["_vpo_bin_packing"](datasets()[key]))
+    """The packing the sandbox makes, in this process: the referee calls the program directly."""
+    program: dict = {}
+    exec(code + "\n" + DRIVER, program)  # trusted test code, not a candidate
+    referee: dict = {"call_candidate": lambda name, *args: program[name](*args)}
+    exec(REFEREE, referee)
+    return family_value(key, referee["_vpo_bin_packing"](datasets()[key]))
 
 
 @pytest.mark.parametrize(
@@ -101,3 +105,95 @@ def test_a_candidate_cannot_replace_the_driver() -> None:
     assert evaluation.status == "ok", evaluation.reason
     bounds = [lower_bound(c, items) for c, items in datasets()["or3"]]
     assert evaluation.raw["or3"] == pytest.approx(np.mean(bounds) / 500)
+
+
+# What a heuristic could do with the whole instance: first fit decreasing, offline, followed item
+# by item (every bin starts empty, so bin b of the plan can be the driver's bin b). It looks for
+# the instance in every frame above it and, at module level, for the call's arguments.
+OFFLINE = """
+import json
+import os
+import sys
+
+import numpy as np
+
+
+def _offline(capacity, items):
+    room, where = np.full(len(items), float(capacity)), [0] * len(items)
+    for i in sorted(range(len(items)), key=lambda i: -items[i]):
+        b = int(np.flatnonzero(room >= items[i])[0])
+        room[b] -= items[i]
+        where[i] = b
+    return where
+
+
+def _in_sight(*names):
+    frame = sys._getframe(1)
+    while frame is not None:
+        found = [frame.f_locals.get(name) for name in names]
+        if all(value is not None for value in found):
+            return found
+        frame = frame.f_back
+    return None
+
+
+_PLANS = {}
+"""
+
+FRAMES = (
+    OFFLINE
+    + """
+
+def priority(item, bins):
+    sight = _in_sight("capacity", "items")
+    if sight is None:
+        if not _PLANS:
+            print("instance in sight: False", flush=True)
+            _PLANS[None] = None
+        return -np.arange(len(bins), dtype=float)  # first fit
+    capacity, items = sight
+    if id(items) not in _PLANS:
+        print("instance in sight: True", flush=True)
+        _PLANS[id(items)] = [_offline(capacity, items), 0, np.full(len(items), float(capacity))]
+    plan = _PLANS[id(items)]
+    where, k, room = plan
+    fits = np.flatnonzero(room >= item)
+    room[where[k]] -= item
+    plan[1] = k + 1
+    return (fits == where[k]).astype(float)
+"""
+)
+
+FORGED = (
+    OFFLINE
+    + """
+
+sight = _in_sight("args")
+instances = sight[0][0] if sight and isinstance(sight[0], list) and sight[0] else None
+print("instance in sight:", instances is not None, flush=True)
+if instances is not None:
+    packing = [_offline(capacity, items) for capacity, items in instances]
+    os.write(3, json.dumps({"value": packing}).encode())
+    os._exit(0)
+
+
+def priority(item, bins):
+    return -np.arange(len(bins), dtype=float)  # first fit
+"""
+)
+
+
+@pytest.mark.parametrize("code", [FRAMES, FORGED], ids=["reads its frames", "forges the result"])
+def test_the_heuristic_sees_one_item_at_a_time(code: str) -> None:
+    """Issue 56, item 5: with the instance in its caller's frames, or in the call's arguments at
+    module level, a program packed offline and scored a record (first fit decreasing, written on
+    the result pipe or followed item by item). The instance now stays with the referee: the
+    program finds nothing, packs online, and scores exactly what first fit scores."""
+    with Sandbox(workers=2) as sandbox:
+        evaluation = evaluate(BinPacking(), code, sandbox)
+        seed = evaluate(BinPacking(), BinPacking().seed_program, sandbox)
+    assert evaluation.status == "ok", evaluation.reason
+    said = {line for call in evaluation.artifacts.values() for line in call["stdout"].splitlines()}
+    assert said == {"instance in sight: False"}
+    assert evaluation.raw == seed.raw
+    assert (1 / evaluation.raw["or3"] - 1) * 100 == pytest.approx(5.74, abs=0.01)

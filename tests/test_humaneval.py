@@ -176,3 +176,87 @@ def test_the_tasks_and_their_solutions_are_hidden_from_candidates() -> None:
         evaluation = evaluate(problem, cheat, sandbox)
     # Every case fails (a failing case is an answer, not an error): nothing was in sight.
     assert evaluation.scores and not any(evaluation.scores.values())
+
+
+# Issue 56, item 5: where the test ran in the candidate's process, each of these passed every
+# case of has_close_elements without solving it. The verdict is now reached in the trusted
+# process, from the function's answers alone.
+ATTACKS = {
+    "forges a pass on the result pipe": (
+        "import os\nos.write(3, b'{\"value\":true}')\nos._exit(0)\n"
+    ),
+    "exits before any call": "import os\nos._exit(0)\n",
+    "patches the checking code": (
+        "import builtins\n"
+        "_exec = builtins.exec\n"
+        "def _skip_the_test(source, namespace=None, *rest):\n"
+        "    if isinstance(namespace, dict) and '_vpo_case' in str(source):\n"
+        "        namespace['_vpo_case'] = lambda candidate: None\n"
+        "        return None\n"
+        "    return _exec(source, namespace, *rest)\n"
+        "builtins.exec = _skip_the_test\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    return None\n"
+    ),
+    "reads the asserts from its caller": (
+        "import ast, sys\n"
+        "def _asserts():\n"
+        "    found, frame = [], sys._getframe(1)\n"
+        "    while frame is not None:\n"
+        "        found += [v for v in frame.f_locals.values()\n"
+        "                  if isinstance(v, str) and 'assert candidate(' in v]\n"
+        "        frame = frame.f_back\n"
+        "    print('asserts in sight:', bool(found))\n"
+        "    return found\n"
+        "def has_close_elements(numbers, threshold):\n"
+        "    for text in _asserts():\n"
+        "        for node in ast.walk(ast.parse(text)):\n"
+        "            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call):\n"
+        "                asked = [ast.literal_eval(a) for a in node.left.args]\n"
+        "                if asked == [numbers, threshold]:\n"
+        "                    return ast.literal_eval(node.comparators[0])\n"
+        "    return None\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_program_that_does_not_solve_the_task_passes_no_case(attack: str) -> None:
+    evaluation = _evaluate(make_problem("0"), ATTACKS[attack])
+    assert set(evaluation.scores.values()) == {0.0}, (evaluation.status, evaluation.reason)
+    stdout = "".join(call["stdout"] for call in evaluation.artifacts.values())
+    assert "asserts in sight: True" not in stdout
+
+
+def test_a_patched_builtin_does_not_reach_the_test() -> None:
+    # `abs(candidate(x) - y) < 1e-6` passed for any answer once abs always returned 0
+    code = (
+        "import builtins\nbuiltins.abs = lambda x: 0\n\n"
+        "def truncate_number(number):\n    return 0.0\n"
+    )
+    evaluation = _evaluate(make_problem("2"), code)
+    assert evaluation.status == "ok"
+    assert set(evaluation.scores.values()) == {0.0}
+
+
+def test_the_test_calls_the_prompts_helpers_not_the_programs() -> None:
+    # HumanEval/38 checks decode_cyclic(encode_cyclic(s)) == s: a program that makes both the
+    # identity passed while the test called the program's encode_cyclic
+    identity = "def encode_cyclic(s):\n    return s\n\ndef decode_cyclic(s):\n    return s\n"
+    assert set(_evaluate(make_problem("38"), identity).scores.values()) == {0.0}
+    problem = make_problem("38")
+    assert set(_evaluate(problem, problem.canonical_program).scores.values()) == {1.0}
+
+
+def test_only_the_inputs_reach_the_sandbox() -> None:
+    """A case's call carries the arguments of the function's calls, tagged; the asserts and
+    their expected values stay in the trusted process."""
+    problem = make_problem("0")
+    first = problem.calls()[0]
+    numbers = ["list", [1.0, 2.0, 3.9, 4.0, 5.0, 2.2]]
+    assert first.args == ([[["list", [numbers, 0.3]], ["dict", []]]],)
+    assert "True" not in repr([call.args for call in problem.calls()])
+    # task 53 draws its inputs unseeded: each run of a case draws the same ones
+    add = make_problem("53")
+    assert HumanEvalTask(53).calls() == add.calls()
+    assert len(add.calls()[-1].args[0]) == 100

@@ -433,8 +433,11 @@ def test_humaneval_and_maze_refuse_what_is_not_their_data() -> None:
 
     task = HumanEvalTask(0)
     call = task.calls()[0]
-    for value in (1, 1.0, "True", None, [True], np.True_):
-        _refused(task.score, call, value, match="not a pass or fail")
+    # the answers of a case's calls, each ["returned", value] or ["raised", name]; a verdict is
+    # no answer
+    forged = [["returned", ["object", []]]], [["returned", True]] * 2, [["raised", 3]]
+    for value in (1, 1.0, "True", None, True, [True], np.True_, *forged):
+        _refused(task.score, call, value, match="answer")
     maze = MazeProblem()
     instance = maze.instance("train", 0)
     _refused(maze.score_answer, instance, "UP " * 10**6 + "SIDEWAYS", match="SIDEWAYS")

@@ -57,6 +57,16 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Referee:
+    """Trusted code that makes a call in a process of its own, beside the candidate's (see
+    `Sandbox.run`): the sandbox calls its function `entry` with the call's arguments, and it
+    reaches the candidate's functions only through `call_candidate(name, *args)`."""
+
+    code: str
+    entry: str
+
+
+@dataclass(frozen=True)
 class Call:
     """One evaluation for `Sandbox.map`."""
 
@@ -65,6 +75,7 @@ class Call:
     args: tuple = ()
     limits: Limits | None = None
     private_paths: tuple[str, ...] = ()  # hidden from this call only (see `Sandbox.run`)
+    referee: Referee | None = None
 
 
 def default_private_paths() -> tuple[str, ...]:

