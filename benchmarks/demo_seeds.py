@@ -226,15 +226,6 @@ def parameter_counts(model: str, lora_rank: int) -> tuple[int, int]:
     return parameters, adapter
 
 
-def kv_bytes_per_token(model: str, dtype_bytes: int) -> int:
-    """A token's keys and values over every layer: 2 x layers x KV heads x head size."""
-    config = json.loads((model_folder(model) / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    head_size = config.get("head_dim") or config["hidden_size"] // heads
-    kv_heads = config.get("num_key_value_heads") or heads
-    return 2 * config["num_hidden_layers"] * kv_heads * head_size * dtype_bytes
-
-
 def memory_parts(
     settings: dict[str, Any], backend: str | None, in_flight: int | None, longest_prompt: int
 ) -> dict[str, Any]:
@@ -245,7 +236,13 @@ def memory_parts(
     prompt (at most `longest_prompt` tokens) and max_tokens, none sharing a prefix."""
     import torch
 
-    from harness.llm.vllm_backend import DEFAULT_CPU_KV_CACHE_GIB
+    from harness.config.settings import build
+    from harness.llm.choice import kv_cache_tokens, longest_sequence
+    from harness.llm.vllm_backend import (
+        DEFAULT_CPU_KV_CACHE_GIB,
+        kv_bytes_per_token,
+        kv_cache_size,
+    )
     from trainer.models import preferred_dtype
 
     if torch.cuda.is_available():
@@ -260,13 +257,24 @@ def memory_parts(
     parts: dict[str, Any] = {}
     if backend == "vllm":
         space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        gib = float(space) if space else DEFAULT_CPU_KV_CACHE_GIB
-        why = "$VLLM_CPU_KVCACHE_SPACE" if space else "DEFAULT_CPU_KV_CACHE_GIB"
-        how = f"configured: {gib:g} GiB ({why})"
+        folder = str(model_folder(settings["model"]))
+        config = build({k: v for k, v in settings.items() if k not in ("name",)})
+        if space:
+            gib, how = float(space), f"configured: {float(space):g} GiB ($VLLM_CPU_KVCACHE_SPACE)"
+        elif longest_sequence(config) is not None:
+            tokens = kv_cache_tokens(config)
+            gib = kv_cache_size(folder, dtype_name, tokens)
+            how = (
+                f"configured: {gib:.2f} GiB, the campaign's need (harness.llm.choice."
+                f"kv_cache_tokens: {tokens:,} tokens, with vllm_backend.KV_CACHE_MARGIN)"
+            )
+        else:
+            gib = DEFAULT_CPU_KV_CACHE_GIB
+            how = f"configured: {gib:g} GiB (DEFAULT_CPU_KV_CACHE_GIB)"
         if in_flight:
             sequences = in_flight * settings["group_size"]
             tokens = sequences * (longest_prompt + settings["max_tokens"])
-            per_token = kv_bytes_per_token(settings["model"], dtype_bytes)
+            per_token = kv_bytes_per_token(folder, dtype_name)
             how += (
                 f"; the run could fill {tokens * per_token / GB:.2f} GB of it at most (computed: "
                 f"{sequences} sequences x ({longest_prompt} + {settings['max_tokens']}) tokens x "

@@ -159,10 +159,13 @@ def test_a_vllm_runs_parts_are_its_kv_cache_and_two_copies_of_the_weights(
     tiny_model: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On vLLM the engine holds its own weights beside the trainer's fp32 ones, and the KV
-    cache is the configured size, whatever the run's sequences could fill."""
+    cache is the size the campaign's settings give it: a trained campaign's need
+    (harness.llm.choice.kv_cache_tokens), an untrained one's 4 GiB."""
     import torch
 
-    from harness.llm.vllm_backend import DEFAULT_CPU_KV_CACHE_GIB
+    from harness.config.settings import build
+    from harness.llm.choice import kv_cache_tokens
+    from harness.llm.vllm_backend import DEFAULT_CPU_KV_CACHE_GIB, kv_cache_size
     from trainer.models import preferred_dtype
 
     if torch.cuda.is_available():
@@ -174,7 +177,12 @@ def test_a_vllm_runs_parts_are_its_kv_cache_and_two_copies_of_the_weights(
     parameters, adapter = demo_seeds.parameter_counts(tiny_model, 16)
     engine_bytes = preferred_dtype("cpu").itemsize  # the engine's dtype on this CPU
     kv, how = parts["vLLM KV cache"]
-    assert kv == DEFAULT_CPU_KV_CACHE_GIB * 2**30
+    dtype = str(preferred_dtype("cpu")).split(".")[-1]
+    assert kv == kv_cache_size(tiny_model, dtype, kv_cache_tokens(build(settings))) * 2**30
+    untrained = {**settings, "training": {**training, "train_every": 0}}
+    assert demo_seeds.memory_parts(untrained, "vllm", 4, 1000)["vLLM KV cache"][0] == (
+        DEFAULT_CPU_KV_CACHE_GIB * 2**30
+    )
     # A token: keys and values, 2 layers x 1 head of 64.
     assert f"16 sequences x (1000 + 160) tokens x {2 * 2 * 64 * engine_bytes:,} B" in how
     assert parts["engine's weights"][0] == parameters * engine_bytes

@@ -64,4 +64,30 @@ def base_generator(config: CampaignSettings) -> Generator:
         # The engine's own seed draws every request that names none: without the campaign's,
         # two campaigns that differ only in `seed` sample the same completions.
         options = {"seed": config.seed}
+        longest = longest_sequence(config)
+        if longest is not None:
+            # The engine takes no longer sequence than the campaign sends, and on CPU its KV
+            # cache holds what the campaign keeps in flight, not a fixed 4 GiB.
+            options |= {"max_model_len": longest, "kv_cache_tokens": kv_cache_tokens(config)}
     return make_generator(config.backend, config.model, **options)
+
+
+def longest_sequence(config: CampaignSettings) -> int | None:
+    """The most tokens, prompt and completion, one sequence of the campaign can take: its
+    `context_tokens`, or in a campaign that trains its training length (the prompt budget
+    keeps every prompt within it); None when only the model bounds it."""
+    limits = [config.context_tokens] if config.context_tokens else []
+    if config.training.train_every:
+        limits.append(config.sampling().sequence_tokens)
+    return min(limits) if limits else None
+
+
+def kv_cache_tokens(config: CampaignSettings) -> int:
+    """The tokens the engine's KV cache must hold for the campaign's iterations in flight: per
+    iteration one prompt (its G rollouts share it: prefix caching) and G completions, at the
+    longest; never less than one longest sequence."""
+    longest = longest_sequence(config)
+    assert longest is not None
+    in_flight = config.concurrency or DEFAULT_CONCURRENCY["vllm"]
+    per_iteration = longest - config.max_tokens + config.group_size * config.max_tokens
+    return max(longest, in_flight * per_iteration)

@@ -43,6 +43,11 @@ CHILD_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH")
 # that much is not free; a fixed size avoids both. SmolLM2 needs ~23 KB a token: 4 GiB holds
 # 180k tokens, ample for 64 rollouts of 2k tokens.
 DEFAULT_CPU_KV_CACHE_GIB = 4.0
+# A campaign's own need (`kv_cache_tokens`) gets this much more room, and never less than
+# MIN_CPU_KV_CACHE_GIB: vLLM's blocks round each sequence up, and a cache a little short makes
+# the engine preempt and recompute sequences, not fail.
+KV_CACHE_MARGIN = 1.25
+MIN_CPU_KV_CACHE_GIB = 0.25
 
 
 class VLLMGenerator:
@@ -57,6 +62,7 @@ class VLLMGenerator:
         max_model_len: int | None = None,
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: float | None = None,
+        kv_cache_tokens: int | None = None,
         enforce_eager: bool | None = None,
         engine_in_process: bool = True,
         seed: int = 0,
@@ -66,7 +72,9 @@ class VLLMGenerator:
         """Start the engine on `model` (see `trainer.models.resolve_model`).
 
         dtype defaults to bf16 where the hardware has it and fp32 on other CPUs; on CPU the KV
-        cache gets `kv_cache_gib` (default 4, or $VLLM_CPU_KVCACHE_SPACE) and the model runs
+        cache gets `kv_cache_gib`, else room for `kv_cache_tokens` tokens of this model (what a
+        campaign can hold at once: `harness.llm.choice.kv_cache_tokens`), else 4 GiB, unless
+        $VLLM_CPU_KVCACHE_SPACE is set; and the model runs
         eagerly (compiling it takes minutes there). `engine_in_process` keeps the engine core in
         this process: it starts in seconds instead of a minute, and the trainer can reach the
         model. Idle, it takes under 2% of a core (benchmarks/results/vllm_idle.md). Other
@@ -90,6 +98,8 @@ class VLLMGenerator:
         except ImportError as error:
             raise UserError(f"{INSTALL_HINT} ({error})") from None
         on_gpu = torch.cuda.is_available()
+        if kv_cache_gib is None and kv_cache_tokens is not None and not on_gpu:
+            kv_cache_gib = kv_cache_size(folder, dtype or _cpu_dtype(), kv_cache_tokens)
         options = _engine_options(
             dtype, on_gpu, gpu_memory_utilization, kv_cache_gib, enforce_eager
         ) | {"max_model_len": max_model_len, "seed": seed}
@@ -212,6 +222,33 @@ class VLLMGenerator:
         engine.llm_engine.engine_core.shutdown()
         del engine
         cleanup_dist_env_and_memory()
+
+
+def _cpu_dtype() -> str:
+    from trainer.models import preferred_dtype
+
+    return str(preferred_dtype("cpu")).split(".")[-1]
+
+
+def kv_bytes_per_token(folder: str, dtype: str) -> int:
+    """Bytes of KV cache one token takes in `folder`'s model at `dtype`: keys and values, per
+    layer, per KV head (Qwen2.5-0.5B in fp32: 2 x 24 x 2 x 64 x 4 = 24,576)."""
+    import json
+    from pathlib import Path
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    config = config.get("text_config", config)
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    width = 4 if dtype in ("float32", "float") else 2
+    return 2 * config["num_hidden_layers"] * kv_heads * head_dim * width
+
+
+def kv_cache_size(folder: str, dtype: str, tokens: int) -> float:
+    """GiB of KV cache for `tokens` tokens of the model, with KV_CACHE_MARGIN."""
+    need = kv_bytes_per_token(folder, dtype) * tokens * KV_CACHE_MARGIN / (1 << 30)
+    return max(MIN_CPU_KV_CACHE_GIB, need)
 
 
 def _engine_options(
