@@ -98,6 +98,8 @@ class VLLMGenerator:
         except ImportError as error:
             raise UserError(f"{INSTALL_HINT} ({error})") from None
         on_gpu = torch.cuda.is_available()
+        if max_model_len is not None:  # a campaign's longest sequence, never past the model's
+            max_model_len = min(max_model_len, model_context(folder) or max_model_len)
         if kv_cache_gib is None and kv_cache_tokens is not None and not on_gpu:
             kv_cache_gib = kv_cache_size(folder, dtype or _cpu_dtype(), kv_cache_tokens)
         options = _engine_options(
@@ -230,14 +232,24 @@ def _cpu_dtype() -> str:
     return str(preferred_dtype("cpu")).split(".")[-1]
 
 
-def kv_bytes_per_token(folder: str, dtype: str) -> int:
-    """Bytes of KV cache one token takes in `folder`'s model at `dtype`: keys and values, per
-    layer, per KV head (Qwen2.5-0.5B in fp32: 2 x 24 x 2 x 64 x 4 = 24,576)."""
+def _text_config(folder: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
     config = json.loads((Path(folder) / "config.json").read_text())
-    config = config.get("text_config", config)
+    return config.get("text_config", config)
+
+
+def model_context(folder: str) -> int | None:
+    """The context length `folder`'s config states (max_position_embeddings), if it does."""
+    value = _text_config(folder).get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def kv_bytes_per_token(folder: str, dtype: str) -> int:
+    """Bytes of KV cache one token takes in `folder`'s model at `dtype`: keys and values, per
+    layer, per KV head (Qwen2.5-0.5B in fp32: 2 x 24 x 2 x 64 x 4 = 24,576)."""
+    config = _text_config(folder)
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
