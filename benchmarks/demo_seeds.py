@@ -65,7 +65,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from reporting import publish  # noqa: E402
+from reporting import publish, stop  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 DEMO = ROOT / "examples" / "demo.toml"
@@ -73,7 +73,6 @@ OBJECTIVE = "fit_id"
 MARGIN = 0.01  # a discovery: the best at least this much above the seed program's
 TARGET_GB = 8.0  # issue 57: a demo's peak resident memory at most this
 SAMPLE_S = 0.2
-STOP_GRACE_S = 10
 REASON_CHARS = 300  # of a failed run's last line, in its row
 GB = 1e9
 # The CPU flags the kernels' speed turns on: bf16 runs natively with avx512_bf16 or AMX, and
@@ -475,21 +474,6 @@ def failure(returncode: int, log: Path, last_stdout: str) -> str:
         how, tail = f"exit {returncode}", said or lines or [last_stdout]
     last = tail[-1] if tail and tail[-1] else "nothing on stdout or stderr"
     return f"{how}: {last[:REASON_CHARS]}"
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """End a run still going: SIGTERM to its process group, SIGKILL after a grace period."""
-    if process.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=STOP_GRACE_S)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def kept_run(seed: int, folder: Path, objective: str) -> SeedRun | None:

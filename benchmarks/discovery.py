@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -76,7 +75,7 @@ from discovery_runs import (  # noqa: E402
     summary_path,
 )
 from probe import probe_apart  # noqa: E402
-from reporting import publish  # noqa: E402
+from reporting import publish, stop  # noqa: E402
 
 from harness.cli.flags import add_protocol, protocol_flags  # noqa: E402
 
@@ -85,7 +84,6 @@ RESULTS = ROOT / "benchmarks" / "results"
 # while on stressstrain none of its first 32 rollouts did better than predicting the mean.
 PROBLEM = "equation_discovery:oscillator1"
 STDERR_TAIL_LINES = 3
-STOP_GRACE_S = 10
 
 
 # The campaign settings each `vpo run` of the grid gets, as flags (their names, help and types
@@ -172,21 +170,6 @@ def run(
 
 class RunFailed(Exception):
     """A `vpo run` of the grid that did not finish; the message says why in one line."""
-
-
-def stop(process: subprocess.Popen[str]) -> None:
-    """End a run still going: SIGTERM to its process group, SIGKILL after a grace period."""
-    if process.poll() is not None:
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=STOP_GRACE_S)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
