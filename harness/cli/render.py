@@ -138,6 +138,8 @@ def print_evaluation(
 
     out = console()
     driver = ", followed by the problem's driver" if problem.driver else ""
+    if problem.referee:  # the verdict is the referee's, in a process of its own
+        driver += ", called by the problem's referee"
     if program == written:
         out.print(f"program: run as written{driver}", markup=False, highlight=False)
     elif program is not None:
