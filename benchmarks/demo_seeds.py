@@ -257,7 +257,7 @@ def memory_parts(
     if backend == "vllm":
         space = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
         folder = str(model_folder(settings["model"]))
-        config = build({k: v for k, v in settings.items() if k not in ("name",)})
+        config = build(settings)
         if space:
             gib, how = float(space), f"configured: {float(space):g} GiB ($VLLM_CPU_KVCACHE_SPACE)"
         elif longest_sequence(config) is not None:
