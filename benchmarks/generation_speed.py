@@ -2,6 +2,7 @@
 
     python benchmarks/generation_speed.py [--backends transformers,vllm,openai]
                                           [--max-tokens 128] [--prompts 1] [--repeats 2]
+                                          [--top-p 0.95] [--top-k 0]
 
 Each row is the fastest of `repeats` `generate(prompts, n, sampling)` calls after a warm-up
 call, as the campaign makes them (one prompt, a group of n rollouts): completion tokens over
@@ -134,9 +135,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=1, help="prompts per call (default 1)")
     parser.add_argument("--repeats", type=int, default=2, help="calls per row; the fastest counts")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus (default 0.95)")
+    # top_k 40 with --top-p 1.0: the cut vLLM's CPU sampler makes without sorting the vocabulary
+    parser.add_argument("--top-k", type=int, default=0, help="top-k cut (default 0: off)")
     args = parser.parse_args()
     backends = args.backends.split(",")
-    sampling = Sampling(temperature=0.8, top_p=0.95, max_tokens=args.max_tokens, seed=1)
+    sampling = Sampling(
+        temperature=0.8, top_p=args.top_p, top_k=args.top_k, max_tokens=args.max_tokens, seed=1
+    )
     folder = resolve_model(EMBEDDED)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = str(preferred_dtype(device)).split(".")[-1]
@@ -185,9 +191,11 @@ def main() -> None:
         f"{torch.backends.cpu.get_cpu_capability()}, cuda: {torch.cuda.is_available()}",
         f"- dtype: {dtype} (bf16 only where the hardware multiplies it natively)",
         f"- command: `python benchmarks/generation_speed.py --max-tokens {args.max_tokens} "
-        f"--prompts {args.prompts} --repeats {args.repeats}`",
-        "- one campaign-like prompt (259 tokens) per call, temperature 0.8, top_p 0.95, after "
-        "a warm-up call; tok/s = completion tokens / wall seconds of the fastest of the calls",
+        f"--prompts {args.prompts} --repeats {args.repeats} --top-p {args.top_p:g} "
+        f"--top-k {args.top_k}`",
+        f"- one campaign-like prompt (259 tokens) per call, temperature 0.8, top_p "
+        f"{args.top_p:g}, top_k {args.top_k or 'off'}, after a warm-up call; tok/s = "
+        "completion tokens / wall seconds of the fastest of the calls",
         "",
         "| backend | n | prompts | tokens | seconds | tok/s | stopped early | start s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",

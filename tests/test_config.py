@@ -70,6 +70,9 @@ def test_toml_round_trip(tmp_path: Path) -> None:
         ({"draft_chars": 10}, "'draft_chars' must be a whole number >= 200"),
         ({"backend": "openai"}, "'base_url' must be the endpoint URL"),
         ({"candidates": 20}, "'candidates' must be a whole number from 1 to 8"),
+        ({"top_k": -1}, "'top_k' must be a whole number >= 0 \\(0: off\\)"),
+        ({"top_k": 2.5}, "'top_k' must be a whole number, got 2.5"),
+        ({"top_k": "forty"}, "'top_k' must be a whole number, got 'forty'"),
         ({"colour": "blue"}, "unknown key 'colour'"),
         ({"temprature": 0.5}, "did you mean 'temperature'"),
         # A prompt shows at most 4 drafts: a larger number would be stored and never shown.
@@ -82,6 +85,32 @@ def test_bad_values_name_the_key(layer: dict, words: str) -> None:
     with pytest.raises(UserError, match=words) as info:
         build(layer)
     assert "\n" not in str(info.value)
+
+
+def test_a_file_with_top_k_loads_and_round_trips(tmp_path: Path) -> None:
+    """top_k in [sampling] (0, the default, is off): the campaign samples with it, a step's
+    log-probs are cut as the sampler's were, and `vpo config show` writes it back."""
+    from harness.evolution.generation import loop_settings
+
+    class Server:  # what `loop_settings` asks of a generator
+        backend, model, in_process = "openai", "m", False
+
+        def context_tokens(self) -> None:
+            return None
+
+    assert CampaignSettings().top_k == 0 and CampaignSettings().sampling().top_k == 0
+    file = tmp_path / "campaign.toml"
+    file.write_text("[sampling]\ntop_k = 40\ntop_p = 1.0\n")
+    config = build(load_toml(file))
+    assert (config.top_k, config.top_p) == (40, 1.0)
+    assert (config.sampling().top_k, config.sampling().top_p) == (40, 1.0)
+    assert loop_settings(config, Server()).sampling.top_k == 40
+    assert "top_k = 40" in config.to_toml().splitlines()
+    shown = tmp_path / "shown.toml"
+    shown.write_text(config.to_toml())
+    assert build(load_toml(shown)) == config
+    assert build(config.to_dict()) == config  # as a campaign stores it
+    assert build({"top_k": 0}).top_k == 0
 
 
 def test_bad_toml_is_one_line(tmp_path: Path) -> None:

@@ -56,6 +56,9 @@ PROMPTS = [
 ]
 SAMPLING = Sampling(temperature=0.7, top_p=0.9, max_tokens=40, seed=7)
 SHORT = Sampling(temperature=0.7, top_p=0.9, max_tokens=12, seed=3)
+# top_k instead of the nucleus (as a campaign on vLLM's CPU sampler may choose), and both.
+TOP_K = Sampling(temperature=0.7, top_p=1.0, top_k=20, max_tokens=40, seed=7)
+TOP_K_AND_P = Sampling(temperature=0.7, top_p=0.9, top_k=20, max_tokens=40, seed=7)
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +119,7 @@ def teacher_forced(
     ids = torch.tensor([list(prompt) + list(tokens)], device=model.device)
     with torch.inference_mode():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-    logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p)
+    logp = sampling_logprobs(logits, sampling.temperature, sampling.top_p, sampling.top_k)
     return logp.gather(1, torch.tensor(tokens, device=model.device)[:, None]).squeeze(1).tolist()
 
 
@@ -171,16 +174,18 @@ def assert_trainer_agrees(
     model: Any, completions: list[Completion], sampling: Sampling, tolerance: float
 ) -> None:
     """The log-probs the trainer's PPO ratio compares with the sampler's (trainer/logprobs.py:
-    logits / T, renormalised to the top-p nucleus) are the ones the backend reported, so the
-    ratio of a group the same weights sampled is 1."""
+    logits / T, renormalised to the top-k tokens and the top-p nucleus of those) are the ones
+    the backend reported, so the ratio of a group the same weights sampled is 1."""
     rows = [
         (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
         for c in completions
     ]
     batch = token_batch(rows, device=model.device)
     with torch.inference_mode():
-        values, mass = token_logprobs(model, batch, sampling.temperature, sampling.top_p)
-    assert mass is not None  # top_p < 1 in these samplings
+        values, mass = token_logprobs(
+            model, batch, sampling.temperature, sampling.top_p, top_k=sampling.top_k
+        )
+    assert mass is not None  # top_p < 1 or top_k set in these samplings
     gaps = (values - mass - batch["sampler_logprobs"]).abs()[batch["completion_mask"]]
     gaps = gaps.sort().values
     assert gaps[len(gaps) // 2] < tolerance, gaps[-5:]
@@ -288,24 +293,38 @@ def test_the_embedded_model_is_converted_once(smollm2_folder: str, tokenizer: An
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9, 0.5])
+@pytest.mark.parametrize("top_k", [0, 5])
 @pytest.mark.parametrize("vocab", [40, 3000])
-def test_the_sampler_draws_from_the_distribution_it_reports(top_p: float, vocab: int) -> None:
+def test_the_sampler_draws_from_the_distribution_it_reports(
+    top_p: float, top_k: int, vocab: int
+) -> None:
     rng = torch.Generator().manual_seed(0)
     torch.manual_seed(vocab)
     # 3000 nearly flat logits put the nucleus beyond the top 1024: the full-sort path.
     scale = 3.0 if vocab == 40 else 0.1
     logits = torch.randn(4, vocab) * scale
-    reference = sampling_logprobs(logits, 0.8, top_p)
+    reference = sampling_logprobs(logits, 0.8, top_p, top_k)
     draws = 4000
     # One call draws for every copy of every row.
-    tokens, logprobs = sample_tokens(logits.repeat_interleave(draws, 0), 0.8, top_p, rng)
+    tokens, logprobs = sample_tokens(logits.repeat_interleave(draws, 0), 0.8, top_p, rng, top_k)
     tokens, logprobs = tokens.view(4, draws), logprobs.view(4, draws)
     assert torch.allclose(logprobs, reference.gather(1, tokens), atol=1e-5)
     counts = torch.zeros(4, vocab).scatter_add_(1, tokens, torch.ones(4, draws))
     assert bool((counts[reference == float("-inf")] == 0).all())
     # Total variation distance between the draws and the distribution.
     distance = 0.5 * (counts / draws - reference.exp()).abs().sum(dim=1)
-    assert float(distance.max()) < (0.06 if vocab == 40 else 0.5)
+    assert float(distance.max()) < (0.06 if vocab == 40 or top_k else 0.5)
+
+
+def test_the_sampler_keeps_every_token_tied_with_the_kth() -> None:
+    """vLLM keeps every token at or above the k-th value; so do the sampler and its reference."""
+    logits = torch.tensor([[4.0, 3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
+    reference = sampling_logprobs(logits, 1.0, 1.0, 3)
+    assert torch.isfinite(reference).tolist() == [[True] * 5 + [False] * 2]
+    rng = torch.Generator().manual_seed(0)
+    tokens, logprobs = sample_tokens(logits.repeat(4000, 1), 1.0, 1.0, rng, 3)
+    assert set(tokens.tolist()) == {0, 1, 2, 3, 4}
+    assert torch.allclose(logprobs, reference[0, tokens], atol=1e-6)
 
 
 @given(st.integers(1, 6), st.integers(1, 9), st.integers(1, 12))
@@ -393,6 +412,16 @@ def test_transformers_generates_with_smollm2(
     assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=1e-3)
 
 
+@pytest.mark.parametrize("sampling", [TOP_K, TOP_K_AND_P], ids=["top_k", "top_k_and_p"])
+def test_transformers_samples_top_k_with_smollm2(
+    smollm2: TransformersGenerator, tokenizer: Any, sampling: Sampling
+) -> None:
+    groups = smollm2.generate(PROMPTS, 3, sampling)
+    flat = check_completions(groups, 3, tokenizer, sampling)
+    assert_logprobs_match(smollm2.hf_model, flat, sampling, tolerance=1e-3)
+    assert_trainer_agrees(smollm2.hf_model, flat, sampling, tolerance=1e-3)
+
+
 # --- vllm backend, in-process -----------------------------------------------------------------
 
 
@@ -415,6 +444,18 @@ def test_vllm_generates_with_smollm2(
     assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
     assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
     assert len({c.token_ids for c in groups[0]}) > 1  # the n samples of one seed differ
+
+
+@pytest.mark.parametrize("sampling", [TOP_K, TOP_K_AND_P], ids=["top_k", "top_k_and_p"])
+def test_vllm_samples_top_k_with_smollm2(
+    vllm_engine: Any, smollm2: TransformersGenerator, tokenizer: Any, sampling: Sampling
+) -> None:
+    """top_k, cut before top-p in vLLM's sampler: its processed log-probs are the reference
+    sampler's distribution and the trainer's, within the tolerance of the top-p runs."""
+    groups = vllm_engine.generate(PROMPTS, 3, sampling)
+    flat = check_completions(groups, 3, tokenizer, sampling)
+    assert_logprobs_match(smollm2.hf_model, flat, sampling, tolerance=5e-3)
+    assert_trainer_agrees(smollm2.hf_model, flat, sampling, tolerance=5e-3)
 
 
 def test_vllm_repeats_a_seed_and_reloads_weights_in_place(vllm_engine: Any) -> None:
@@ -516,6 +557,12 @@ def test_openai_generates_with_smollm2_from_vllm_serve(
         assert all(c.prompt_token_ids is not None for c in flat)
         assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
         assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=5e-3)
+        # top_k, an extra field of vLLM's server, cut before top-p as in process.
+        flat = check_completions(
+            generator.generate(PROMPTS, 3, TOP_K_AND_P), 3, tokenizer, TOP_K_AND_P
+        )
+        assert_logprobs_match(smollm2.hf_model, flat, TOP_K_AND_P, tolerance=5e-3)
+        assert_trainer_agrees(smollm2.hf_model, flat, TOP_K_AND_P, tolerance=5e-3)
         # No check that a seed repeats here: on a CPU with AMX, a repeated request to this
         # server diverged now and then after a few tokens (fp32 included). That the seeds are
         # sent is checked against the scripted server below.

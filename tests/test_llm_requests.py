@@ -321,6 +321,30 @@ def test_another_server_gets_only_the_knobs_of_openais_api(
     assert not {"top_k", "min_p", "repetition_penalty"} & set(body)
 
 
+def test_a_top_k_the_campaign_sets_is_sent_to_any_server(
+    endpoint: Endpoint, waits: list[float]
+) -> None:
+    """vLLM's server takes top_k as an extra field; another server gets it only when set."""
+    endpoint.models = [{"id": "m", "owned_by": "vllm"}]
+    client(endpoint, waits).generate([PROMPT], 1, Sampling(top_p=1.0, top_k=40))
+    (_, body), *_ = endpoint.requests
+    assert body["top_k"] == 40 and body["top_p"] == 1.0 and body["min_p"] == 0.0
+    endpoint.models = [{"id": "m", "owned_by": "x"}]
+    endpoint.requests.clear()
+    client(endpoint, waits).generate([PROMPT], 1, Sampling(top_k=40))
+    (_, body), *_ = endpoint.requests
+    assert body["top_k"] == 40 and "min_p" not in body
+
+
+@pytest.mark.parametrize("top_k", [-1, 2.5, True])
+def test_a_bad_top_k_is_refused_before_any_request(
+    endpoint: Endpoint, waits: list[float], top_k: Any
+) -> None:
+    with pytest.raises(ValueError, match="top_k must be a whole number >= 0 \\(0: off\\)"):
+        client(endpoint, waits).generate([PROMPT], 1, Sampling(top_k=top_k))
+    assert chats(endpoint) == 0
+
+
 def test_extra_body_still_sets_a_knob(endpoint: Endpoint, waits: list[float]) -> None:
     """What a user asks for in extra_body is sent (the trainer's fresh-gap guard then sees a
     sampler it does not model)."""

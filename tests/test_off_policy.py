@@ -13,11 +13,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import require_vllm
 
 from harness.llm.base import Completion, Sampling
 from harness.llm.transformers_backend import TransformersGenerator, sampling_logprobs
 from trainer import logprobs, train
-from trainer.logprobs import _kept_mass, nucleus_log_mass, token_batch, token_logprobs
+from trainer.logprobs import (
+    _kept_mass,
+    cut_log_mass,
+    nucleus_log_mass,
+    token_batch,
+    token_logprobs,
+)
 from trainer.loss import LossConfig
 from trainer.policy import Policy, PolicyConfig
 from trainer.train import Group, Rollout, TrainConfig, train_step
@@ -40,6 +47,67 @@ def test_nucleus_mass_is_what_the_sampler_renormalises_by(vocab: int, top_p: flo
     kept = torch.isfinite(sampled)
     shifted = logp - nucleus_log_mass(logp, top_p).unsqueeze(-1)
     assert torch.allclose(shifted[kept], sampled[kept], atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab", [50, 3000])
+@pytest.mark.parametrize(("top_k", "top_p"), [(1, 1.0), (5, 1.0), (40, 1.0), (5, 0.5), (40, 0.9)])
+def test_top_k_mass_is_what_the_sampler_renormalises_by(
+    vocab: int, top_k: int, top_p: float
+) -> None:
+    """With top_k the sampler draws from the top_k tokens, then from the nucleus of those; the
+    trainer's log-prob less the log of the mass it keeps is the sampler's, token by token."""
+    logits = torch.randn(6, vocab, generator=torch.Generator().manual_seed(vocab + top_k)) * 3
+    logits[0] *= 0.01  # nearly flat: the top_k hold little of the mass
+    logp = (logits / 0.7).log_softmax(-1)
+    sampled = sampling_logprobs(logits, 0.7, top_p, top_k)
+    kept = torch.isfinite(sampled)
+    assert bool((kept.sum(-1) <= top_k).all()) and bool(kept.any(-1).all())
+    shifted = logp - cut_log_mass(logp, top_p, top_k).unsqueeze(-1)
+    assert torch.allclose(shifted[kept], sampled[kept], atol=1e-5)
+
+
+def test_a_top_k_of_the_whole_vocabulary_or_more_cuts_nothing() -> None:
+    logp = torch.randn(3, 40).log_softmax(-1)
+    for top_k in (40, 41, 1000):
+        assert torch.equal(cut_log_mass(logp, 1.0, top_k), torch.zeros(3))
+        assert torch.equal(cut_log_mass(logp, 0.9, top_k), nucleus_log_mass(logp, 0.9))
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(3, 1.0), (3, 0.6), (4, 1.0), (8, 0.9)])
+def test_top_k_cuts_as_vllm_cuts_ties_included(top_k: int, top_p: float) -> None:
+    """vLLM's own top-k and top-p op (its sampler's, in the installed version): the same tokens
+    kept, the same log-probs, where several tokens tie with the k-th and where none does."""
+    require_vllm()
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    gen = torch.Generator().manual_seed(top_k)
+    logits = (torch.randn(5, 300, generator=gen) * 2).round(decimals=1)  # many ties
+    logits[0] = logits[0].clamp(max=6.0)
+    logits[0, :6] = torch.tensor([9.0, 8.0, 7.0, 7.0, 7.0, 7.0])  # k = 3 or 4: a tie at the k-th
+    logits[1] = torch.linspace(0.0, 1.0, 300)  # none
+    scaled = logits / 0.7
+    for allow_cpu_sync in (False, True):  # with top_p 1: vLLM's sort-free top-k path, or not
+        processed = apply_top_k_top_p_pytorch(
+            scaled.clone(),
+            torch.full((5,), top_k),
+            None if top_p >= 1.0 else torch.full((5,), top_p),
+            allow_cpu_sync=allow_cpu_sync,
+        ).log_softmax(-1)
+        ours = sampling_logprobs(logits, 0.7, top_p, top_k)
+        assert torch.equal(torch.isfinite(processed), torch.isfinite(ours))
+        kept = torch.isfinite(ours)
+        assert torch.allclose(ours[kept], processed[kept], atol=1e-5)
+        logp = scaled.log_softmax(-1)
+        shifted = logp - cut_log_mass(logp, top_p, top_k).unsqueeze(-1)
+        assert torch.allclose(shifted[kept], processed[kept], atol=1e-5)
+    if top_k in (3, 4) and top_p >= 1.0:
+        assert int(kept[0].sum()) == 6  # every token tied with the k-th is kept
+
+
+@pytest.mark.parametrize("top_k", [-1, 2.5, True])
+def test_a_step_refuses_a_top_k_that_is_not_a_whole_number_from_0(top_k: Any) -> None:
+    with pytest.raises(ValueError, match="top_k must be a whole number >= 0"):
+        TrainConfig(top_k=top_k)
 
 
 def test_wide_nuclei_sorted_in_groups_give_each_row_its_own_mass(
@@ -65,9 +133,11 @@ def group_of(completions: list[Completion], version: int | None, rng: np.random.
     return Group(rollouts, scores, np.ones((len(rollouts), 2), dtype=bool))
 
 
-def sample(policy: Policy, n: int, seed: int) -> list[list[Completion]]:
+def sample(
+    policy: Policy, n: int, seed: int, sampling: Sampling = SAMPLING
+) -> list[list[Completion]]:
     generator = TransformersGenerator("tiny", hf_model=policy.model, tokenizer=policy.tokenizer)
-    return generator.generate(MESSAGES, n, replace(SAMPLING, seed=seed))
+    return generator.generate(MESSAGES, n, replace(sampling, seed=seed))
 
 
 @pytest.fixture
@@ -106,6 +176,38 @@ def test_the_trainer_reads_the_distribution_the_sampler_reported(policy: Policy)
     reported = batch["sampler_logprobs"]
     assert ((values - mass - reported).abs() * real).max() < 1e-4
     assert ((reported - values) * real).sum() > 0.01  # uncut, they would differ
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(5, 1.0), (20, 0.9)])
+def test_a_group_sampled_with_top_k_is_read_as_the_sampler_reported_it(
+    policy: Policy, top_k: int, top_p: float
+) -> None:
+    """top_k alone, and top_k then top-p: the trainer's log-probs less the log of the mass the
+    cuts keep are the sampler's, and a step on a group the same weights sampled has ratio 1."""
+    sampling = replace(SAMPLING, top_k=top_k, top_p=top_p)
+    groups = sample(policy, 3, seed=2, sampling=sampling)
+    rows = [
+        (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
+        for group in groups
+        for c in group
+    ]
+    batch = token_batch(rows)
+    with torch.no_grad():
+        values, mass = token_logprobs(policy.model, batch, 0.7, top_p, top_k=top_k)
+    assert mass is not None
+    real = batch["completion_mask"]
+    reported = batch["sampler_logprobs"]
+    assert ((values - mass - reported).abs() * real).max() < 1e-4
+    assert ((reported - values) * real).sum() > 0.01  # uncut, they would differ
+    step = replace(STEP, top_k=top_k, top_p=top_p)
+    rng = np.random.default_rng(5)
+    metrics = train_step(
+        policy, [group_of(c, 0, rng) for c in groups], step, generator=torch.Generator()
+    )
+    assert metrics.fresh_gap is not None and metrics.fresh_gap < 1e-4
+    assert metrics.mismatched == 0 and metrics.sampler_fraction == 1.0
+    assert metrics.mean_ratio == pytest.approx(1.0, abs=1e-4)
+    assert metrics.clip_fraction == 0.0
 
 
 def test_a_group_two_versions_old_has_its_ratio_clipped(policy: Policy) -> None:

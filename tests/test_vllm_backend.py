@@ -116,6 +116,46 @@ def test_the_engine_samples_what_the_trainer_models_not_the_models_defaults(
     assert metrics.mismatched == 0 and metrics.sampler_fraction == 1.0
 
 
+@pytest.mark.parametrize(("top_k", "top_p"), [(5, 1.0), (20, 0.8)])
+def test_the_trainer_reads_top_k_samples_as_the_engine_reported_them(
+    engine: VLLMGenerator, tiny_model: str, top_k: int, top_p: float
+) -> None:
+    """top_k alone (vLLM's sort-free path on a CPU), and top_k then top-p: the engine's
+    processed log-probs are the trainer's less the log of the mass the cuts keep, token by
+    token, and a step on the group finds the gap rounding. Over the tiny model's nearly flat
+    49k tokens the top 20 hold a sliver of the mass, so a trainer that left top_k out would be
+    nats away."""
+    import torch
+
+    from trainer.logprobs import token_batch, token_logprobs
+    from trainer.policy import Policy, PolicyConfig
+    from trainer.train import Group, Rollout, TrainConfig, train_step
+
+    sampling = Sampling(temperature=0.8, top_p=top_p, top_k=top_k, max_tokens=8, seed=4)
+    completions = [c for group in engine.generate(PROMPTS, 3, sampling) for c in group]
+    policy = Policy.load(tiny_model, PolicyConfig(reference=False))
+    policy.autocast_dtype = torch.float32  # as the engine computes
+    rows = [
+        (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
+        for c in completions
+    ]
+    batch = token_batch(rows)
+    with torch.no_grad():
+        values, mass = token_logprobs(policy.model, batch, 0.8, top_p, top_k=top_k)
+    assert mass is not None
+    real = batch["completion_mask"]
+    reported = batch["sampler_logprobs"]
+    assert float(((values - mass - reported).abs() * real).max()) < 1e-3
+    assert float(((reported - values) * real).sum() / real.sum()) > 1.0  # what the cut is worth
+    rollouts = [Rollout(c.prompt_token_ids or (), c.token_ids, c.logprobs, 0) for c in completions]
+    scores = np.random.default_rng(0).uniform(size=(len(rollouts), 1, 2))
+    group = Group(rollouts, scores, np.ones((len(rollouts), 1), dtype=bool))
+    step = TrainConfig(temperature=0.8, top_p=top_p, top_k=top_k)
+    metrics = train_step(policy, [group], step)
+    assert metrics.fresh_gap is not None and metrics.fresh_gap < 1e-3
+    assert metrics.mismatched == 0 and metrics.sampler_fraction == 1.0
+
+
 def test_context_tokens_is_the_engines_max_model_len(engine: VLLMGenerator) -> None:
     assert engine.context_tokens() == MAX_MODEL_LEN
     assert engine.context_tokens() == engine.engine.llm_engine.model_config.max_model_len

@@ -1,10 +1,13 @@
 """Log-probs of completion tokens: the trainer's view of what the sampler drew.
 
-A rollout's tokens were drawn from softmax(logits / T) cut to the top-p nucleus and
-renormalised (both backends report the log-prob of that distribution). The trainer's policy
-is the uncut softmax(logits / T); for the PPO ratio it compares the two on the same footing:
+A rollout's tokens were drawn from softmax(logits / T) cut to its top_k tokens (when set),
+then to the top-p nucleus of those, and renormalised (vLLM's order; every backend reports the
+log-prob of that distribution). The trainer's policy is the uncut softmax(logits / T); for the
+PPO ratio it compares the two on the same footing:
 
-    log mu_theta(a | s) = log pi_theta(a | s) - log Z_theta(s),   Z = mass of the top-p nucleus
+    log mu_theta(a | s) = log pi_theta(a | s) - log Z_theta(s),   Z = the mass the cuts keep
+    Z = Z_k * N_p,   Z_k = sum of pi_theta over the top_k tokens,
+                     N_p = mass of the top-p nucleus of pi_theta / Z_k over those tokens
 
 so a group sampled by the weights being trained has ratio mu_theta / mu_sampler = 1 up to
 rounding, and a stale one has the ratio the change of weights made. Z carries no gradient: the
@@ -65,9 +68,11 @@ class TokenLogprobs(nn.Module):
         segments: Tensor | None = None,
         position_ids: Tensor | None = None,
         rollout_rows: Tensor | None = None,
+        top_k: int = 0,
     ) -> tuple[Tensor, Tensor | None]:
-        """(R, C) log pi(a | s) at temperature T, and, when top_p < 1, (R, C) log Z(s), the mass
-        of each position's top-p nucleus (no gradient); None when top_p is 1.
+        """(R, C) log pi(a | s) at temperature T, and, when top_p < 1 or top_k is set, (R, C)
+        log Z(s), the mass each position keeps once cut to its top_k tokens and then to the
+        top-p nucleus of those (no gradient); None when neither cuts.
 
         A row per rollout (`token_batch`: R = N), or packed rows (`pack_batch`: `segments`,
         `position_ids` and `rollout_rows` given), each one prompt and several completions
@@ -103,7 +108,7 @@ class TokenLogprobs(nn.Module):
         chunked = states.shape[0] > logit_chunk
         for start in range(0, states.shape[0], logit_chunk):
             chunk = slice(start, start + logit_chunk)
-            arguments = (head, states[chunk], flat_targets[chunk], temperature, top_p)
+            arguments = (head, states[chunk], flat_targets[chunk], temperature, top_p, top_k)
             # Recomputing a chunk in the backward pass frees its logits meanwhile; with one
             # chunk there is nothing to free and the recomputation would be wasted.
             if chunked and torch.is_grad_enabled():
@@ -112,7 +117,8 @@ class TokenLogprobs(nn.Module):
                 pieces.append(_chunk_logprobs(*arguments))
         both = torch.cat(pieces, dim=1).float()  # (2, N * C)
         values = both[0].reshape(completion_ids.shape)
-        mass = both[1].detach().reshape(completion_ids.shape) if top_p < 1.0 else None
+        cut = top_p < 1.0 or top_k > 0
+        mass = both[1].detach().reshape(completion_ids.shape) if cut else None
         return values, mass
 
 
@@ -129,6 +135,8 @@ def token_logprobs(
     temperature: float,
     top_p: float,
     logit_chunk: int = 2048,
+    *,
+    top_k: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """TokenLogprobs' forward on a token batch; `model` is a causal LM (through a peft wrapper
     if there is one) or a TokenLogprobs module, wrapped by DDP or FSDP or not."""
@@ -144,6 +152,7 @@ def token_logprobs(
         batch.get("segments"),
         batch.get("position_ids"),
         batch.get("rollout_rows"),
+        top_k,
     )
 
 
@@ -183,18 +192,45 @@ def _is_scorer(model: Any) -> bool:
 
 
 def _chunk_logprobs(
-    head: Any, states: Tensor, targets: Tensor, temperature: float, top_p: float
+    head: Any, states: Tensor, targets: Tensor, temperature: float, top_p: float, top_k: int
 ) -> Tensor:
     logits = head(states).float()
     if temperature != 1.0:
         logits = logits / temperature
     logp = logits.log_softmax(dim=-1)
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    if top_p >= 1.0:
+    if top_p >= 1.0 and not 0 < top_k < logp.shape[-1]:
         return torch.stack([chosen, torch.zeros_like(chosen)])
     with torch.no_grad():
-        mass = nucleus_log_mass(logp.detach(), top_p)
+        mass = cut_log_mass(logp.detach(), top_p, top_k)
     return torch.stack([chosen, mass])
+
+
+def cut_log_mass(logp: Tensor, top_p: float, top_k: int = 0) -> Tensor:
+    """(B,) log of the mass a sampler keeps of log-probs (B, V) that cuts them to their top_k
+    tokens (0: none) and then to the top-p nucleus of those, renormalised (vLLM's order): the
+    normaliser of the distribution it draws from. With top_k, torch.topk finds the tokens and
+    nothing the size of the vocabulary is sorted."""
+    if not 0 < top_k < logp.shape[-1]:
+        return nucleus_log_mass(logp, top_p) if top_p < 1.0 else torch.zeros_like(logp[:, 0])
+    top = _top_k_logp(logp, top_k)
+    kept = top.logsumexp(dim=-1)  # log Z_k
+    if top_p >= 1.0:
+        return kept
+    return kept + _kept_mass(top - kept.unsqueeze(-1), top_p).log()  # + log N_p
+
+
+def _top_k_logp(logp: Tensor, top_k: int) -> Tensor:
+    """(B, k') the top_k log-probs of each row, descending, and any others tied with its k-th
+    (vLLM keeps every token at or above the k-th value); a row with fewer ties than the widest
+    is padded with -inf."""
+    top = logp.topk(top_k + 1, dim=-1).values
+    kth = top[:, top_k - 1 : top_k]
+    if bool((top[:, -1:] == kth).any()):
+        top = logp.topk(int((logp >= kth).sum(dim=-1).max()), dim=-1).values
+    else:
+        top = top[:, :top_k]
+    return top.masked_fill(top < kth, float("-inf"))
 
 
 def nucleus_log_mass(logp: Tensor, top_p: float) -> Tensor:

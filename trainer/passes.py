@@ -51,7 +51,7 @@ class Passes:
         # The wrapper reduces the gradients after the last pass only.
         with parallel.gradient_sync(policy.scorer, last), policy.autocast():
             logprobs, log_mass = token_logprobs(
-                policy.scorer, batch, config.temperature, config.top_p, chunk
+                policy.scorer, batch, config.temperature, config.top_p, chunk, top_k=config.top_k
             )
         ref = None
         if policy.has_reference and config.loss.beta > 0:
@@ -89,8 +89,9 @@ class Passes:
     ) -> Tensor:
         """The PPO ratio's old log-probs: the sampler's where a rollout has them and they are
         of the distribution it was drawn from, else the current weights'."""
-        # The sampler reported log mu_old = log pi_old - log Z_old (top-p renormalised); adding
-        # log Z_theta makes logprobs - old = log mu_theta - log mu_old, and leaves the KL alone.
+        # The sampler reported log mu_old = log pi_old - log Z_old (top-k and top-p
+        # renormalised); adding log Z_theta makes logprobs - old = log mu_theta - log mu_old,
+        # and leaves the KL alone.
         sampled = batch["sampler_logprobs"]
         if log_mass is not None:
             sampled = sampled + log_mass

@@ -125,6 +125,7 @@ class TrainConfig:
     logit_chunk: int = 2048  # completion tokens per chunk of the vocabulary projection
     temperature: float = 1.0  # the sampling temperature: log-probs are of logits / T
     top_p: float = 1.0  # the sampling nucleus: the ratio compares top-p renormalised log-probs
+    top_k: int = 0  # the sampling top-k (0: none), cut before the nucleus, as vLLM does
     # The ratio's old log-probs: "auto" the sampler's where a rollout has them, else recomputed;
     # "sampler" the sampler's, every rollout must have them; "recompute" the current weights'.
     old_logprobs: str = "auto"
@@ -149,6 +150,8 @@ class TrainConfig:
             raise ValueError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be a whole number >= 0 (0: off), got {self.top_k!r}")
         if self.micro_batch < 1 or self.logit_chunk < 1 or self.num_weights < 1:
             raise ValueError("micro_batch, logit_chunk and num_weights must be >= 1")
         if not 0 < self.kl_budget <= 100:
@@ -405,8 +408,9 @@ def _warn_mismatch(rollouts: int, fresh_gap: float, config: TrainConfig) -> None
         f"the sampler's log-probs of {rollouts} rollouts the current weights sampled are "
         f"{fresh_gap:.3f} nats a token from the trainer's (token mean; rounding stays under "
         f"{config.mismatch_gap}): they come from another distribution than temperature "
-        f"{config.temperature:g} and top-p {config.top_p:g}, so those rollouts' ratios use "
-        "recomputed log-probs (`mismatched` in each step's metrics counts them; said once). "
+        f"{config.temperature:g}, top-k {config.top_k or 'off'} and top-p {config.top_p:g}, "
+        "so those rollouts' ratios use recomputed log-probs (`mismatched` in each step's "
+        "metrics counts them; said once). "
         "Likely cause: the server's sampling settings (top_k, min_p or a repetition penalty "
         "from the model's generation_config.json or extra_body). Fix: start vllm serve with "
         "--logprobs-mode processed_logprobs --generation-config vllm (docs/scale.md)"

@@ -285,6 +285,7 @@ def _train_offline(args: argparse.Namespace, store: Any, campaign: Any, out: Pat
         model=stored.model,
         temperature=trained_temperature(stored.temperature),
         top_p=stored.top_p,
+        top_k=stored.top_k,
     )
     if training.overlong_buffer >= stored.max_tokens:
         raise UserError(

@@ -24,7 +24,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "concurrency", "context_tokens", "draft_chars", "feedback_chars", "retries",
         "call_timeout", "max_failures",
     ),
-    "sampling": ("group_size", "candidates", "temperature", "top_p", "max_tokens", "form"),
+    "sampling": (
+        "group_size", "candidates", "temperature", "top_p", "top_k", "max_tokens", "form"
+    ),
     "evolution": ("islands", "migration_interval", "drafts", "near_duplicate"),
     "evaluation": ("workers", "time_limit"),
     "training": tuple(TRAINING_KEYS),  # the campaign's `training`, a TrainSettings

@@ -117,6 +117,11 @@ class CampaignSettings:
     candidates: int = setting(3, "candidates per rollout ({default})", short="-m")
     temperature: float = setting(0.8, "sampling temperature ({default})")
     top_p: float = setting(0.95, "nucleus ({default})")
+    # top_k then top_p, as vLLM cuts: top_k 40 with top_p 1.0 truncates without the sort of
+    # the whole vocabulary that top_p < 1 costs vLLM's CPU sampler at every token
+    top_k: int = setting(
+        0, "sample from the k most likely tokens, cut before the nucleus ({default}: off)"
+    )
     max_tokens: int = setting(768, "tokens per completion ({default})")
     form: str = setting(
         "program",
@@ -184,6 +189,7 @@ class CampaignSettings:
         require(1 <= self.candidates <= 8, "candidates", "a whole number from 1 to 8")
         require(self.form in FORMS, "form", " or ".join(FORMS))
         require(16 <= self.max_tokens <= 65536, "max_tokens", "a whole number from 16 to 65536")
+        require(self.top_k >= 0, "top_k", "a whole number >= 0 (0: off)")
         require(self.islands >= 1, "islands", "a whole number >= 1")
         require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
         require(0 <= self.drafts <= MAX_DRAFTS, "drafts", f"a whole number from 0 to {MAX_DRAFTS}")
@@ -264,6 +270,7 @@ class CampaignSettings:
             model=self.model,
             temperature=trained_temperature(self.temperature),
             top_p=self.top_p,
+            top_k=self.top_k,
             sequence_tokens=self.max_tokens + PROMPT_ROOM_TOKENS,
             seed=self.seed,
         )

@@ -34,13 +34,14 @@ REWARD_RULES = ("duplicate_reward", "format_reward", "overlong_buffer", "reward_
 @dataclass(frozen=True)
 class Sampling:
     """What a step needs beside `TrainSettings`: the model a policy starts from, how its
-    rollouts were sampled (log-probs are of logits / temperature within the nucleus top_p, as
-    the sampler's were), the longest prompt + completion it trains on, and the seed. A
-    campaign's comes from its own settings (`CampaignSettings.sampling`)."""
+    rollouts were sampled (log-probs are of logits / temperature within the top_k tokens and
+    then the nucleus top_p, as the sampler's were), the longest prompt + completion it trains
+    on, and the seed. A campaign's comes from its own settings (`CampaignSettings.sampling`)."""
 
     model: str = DEFAULT_MODEL
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
     # A longer rollout's completion is cut (and counted).
     sequence_tokens: int = 4096
     seed: int = 0

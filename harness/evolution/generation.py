@@ -62,6 +62,7 @@ def loop_settings(config: CampaignSettings, generator: Generator) -> LoopConfig:
     sampling = Sampling(
         temperature=config.temperature,
         top_p=config.top_p,
+        top_k=config.top_k,
         max_tokens=config.max_tokens,
         timeout=call_timeout_for(config, generator),
     )

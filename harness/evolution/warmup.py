@@ -87,7 +87,9 @@ def warm_up(
     from harness.llm.choice import base_generator
 
     prompt, parent_code = _first_prompt(config, problem)
-    sampling = Sampling(config.temperature, config.top_p, config.max_tokens, seed=config.seed)
+    sampling = Sampling(
+        config.temperature, config.top_p, config.max_tokens, top_k=config.top_k, seed=config.seed
+    )
     completions = _sample(base_generator(config), prompt, settings.samples, sampling)
     expand = compact.program if (compact := compact_form(config, problem)) else None
     kept = [c for c in completions if well_formed(c, config.candidates, parent_code, expand)]

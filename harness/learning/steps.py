@@ -112,6 +112,7 @@ def load_policy(
         micro_batch=settings.micro_batch,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
         old_logprobs=settings.old_logprobs,
         max_tokens=sampling.sequence_tokens,
         skip_zero_advantage=settings.skip_zero_advantage,

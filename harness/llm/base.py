@@ -29,12 +29,13 @@ class GenerationError(Exception):
         self.permanent = permanent
 
 
-# Every sampling knob besides temperature and top-p, switched off: what the trainer's PPO ratio
-# models is softmax(logits / T) cut to the top-p nucleus, nothing else. A knob a request leaves
-# unset is filled in by vLLM (`vllm serve`, and `vllm.LLM` when it builds the parameters) from
-# the model's generation_config.json (Qwen2.5 Instruct: top_k 20, repetition_penalty 1.05): the
-# sampler then draws from, and reports log-probs of, a distribution the trainer never computes.
-# top_k -1 is "off" in every vLLM version (0 is too in recent ones; older ones refuse it).
+# Every sampling knob besides temperature, top-k and top-p, switched off: what the trainer's PPO
+# ratio models is softmax(logits / T) cut to the top_k tokens, then to the top-p nucleus, nothing
+# else. A knob a request leaves unset is filled in by vLLM (`vllm serve`, and `vllm.LLM` when it
+# builds the parameters) from the model's generation_config.json (Qwen2.5 Instruct: top_k 20,
+# repetition_penalty 1.05): the sampler then draws from, and reports log-probs of, a
+# distribution the trainer never computes. top_k is off unless the request sets one; -1 is
+# "off" in every vLLM version (0 is too in recent ones; older ones refuse it).
 UNMODELLED_OFF: dict[str, float] = {
     "top_k": -1,
     "min_p": 0.0,
@@ -49,6 +50,10 @@ class Sampling:
     temperature: float = 0.8  # 0 samples greedily
     top_p: float = 0.95
     max_tokens: int = 1024
+    # Only the top_k most likely tokens are drawn from (0: all), cut before top_p as vLLM
+    # does: the nucleus is looked for among them. vLLM's CPU sampler finds them without the
+    # sort of the whole vocabulary that top_p < 1 costs at every token.
+    top_k: int = 0
     seed: int | None = None  # the same seed, prompts and n give the same completions
     # Seconds a call may run before it is cut and fails with a GenerationError (None: no
     # limit): at a server each attempt of a request, in process the whole call, checked
@@ -89,7 +94,7 @@ class Completion:
     # (the policy has to learn to stop); empty when an endpoint does not return ids.
     token_ids: tuple[int, ...]
     # Log-prob of each token in token_ids under the distribution it was sampled from
-    # (temperature and top-p applied; greedy decoding reports the untempered model's);
+    # (temperature, top-k and top-p applied; greedy decoding reports the untempered model's);
     # None where the backend does not give them.
     logprobs: tuple[float, ...] | None
     finish_reason: str  # "stop" or "length"
@@ -249,6 +254,9 @@ def check_request(prompts: Sequence[Sequence[Message]], n: int, sampling: Sampli
         raise ValueError(f"max_tokens must be at least 1, got {sampling.max_tokens}")
     if not 0.0 < sampling.top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {sampling.top_p}")
+    top_k = sampling.top_k
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be a whole number >= 0 (0: off), got {top_k!r}")
     if sampling.temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {sampling.temperature}")
     if sampling.timeout is not None and not sampling.timeout > 0:

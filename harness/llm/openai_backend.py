@@ -8,7 +8,8 @@ the distribution each token was drawn from, and no sampling defaults from the mo
 generation_config.json. Each request also sets every sampling knob the trainer does not model
 to off (`UNMODELLED_OFF`: top_k, min_p and the penalties; a server that is not vLLM gets only
 the penalties, the fields of OpenAI's own API), so a server started otherwise samples right
-too. `extra_body` can still set them, and then the trainer's fresh-gap guard sees the mismatch.
+too; a top_k the campaign sets is sent as it is. `extra_body` can still set them, and then the
+trainer's fresh-gap guard sees the mismatch.
 
 A vLLM server started with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` also
 takes LoRA adapters at run time (`load_weights`, `load_adapter`): each policy version of a
@@ -61,8 +62,8 @@ _TOO_LONG = re.compile(
 # What `vllm serve` needs beside its model, GPUs and LoRA flags so that the log-probs it returns
 # are those of the distribution the trainer models (docs/scale.md's recipe has them, and
 # tests/test_server_sampling.py runs that recipe): each sampled token's log-prob after
-# temperature and top-p (the default, raw_logprobs, is of the untempered, uncut model), and
-# neutral sampling defaults instead of the model's generation_config.json.
+# temperature, top-k and top-p (the default, raw_logprobs, is of the untempered, uncut model),
+# and neutral sampling defaults instead of the model's generation_config.json.
 SERVER_FLAGS = ("--logprobs-mode", "processed_logprobs", "--generation-config", "vllm")
 # The knobs of UNMODELLED_OFF that OpenAI's own API takes; the others are vLLM's.
 OPENAI_KNOBS = ("presence_penalty", "frequency_penalty")
@@ -234,6 +235,8 @@ class OpenAIGenerator:
                 if self.server == "vllm"
                 else {knob: UNMODELLED_OFF[knob] for knob in OPENAI_KNOBS}
             )
+            if sampling.top_k:  # an extra field vLLM's server takes; OpenAI's API has none
+                body["top_k"] = sampling.top_k
             if sampling.seed is not None:
                 body["seed"] = sampling.seed + len(completions)
             if self.logprobs:

@@ -3,9 +3,9 @@ weights with the trainer (wrap the trainer's model and tokenizer; updates show u
 
 The decoding loop is written out rather than calling `model.generate`, for three reasons an RL
 loop cares about: the log-prob of each sampled token comes from the exact distribution it was
-drawn from (temperature and top-p applied) without keeping a vocab-sized score per step; the n
-samples of a prompt share one prefill of the (long) prompt; and rows that finished are dropped
-from the batch instead of being computed until the longest one ends.
+drawn from (temperature, top-k and top-p applied) without keeping a vocab-sized score per step;
+the n samples of a prompt share one prefill of the (long) prompt; and rows that finished are
+dropped from the batch instead of being computed until the longest one ends.
 """
 
 from __future__ import annotations
@@ -171,8 +171,11 @@ def _batches(prompts: int, n: int, rows: int) -> list[list[tuple[int, int]]]:
     return batches
 
 
-def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Log-probs (B, V) of the distribution tokens are drawn from: softmax(logits / T) cut to the
+def sampling_logprobs(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0
+) -> torch.Tensor:
+    """Log-probs (B, V) of the distribution tokens are drawn from: softmax(logits / T) cut to its
+    top_k tokens (0: no cut; every token tied with the k-th stays, as in vLLM), then to the
     smallest set of top tokens whose mass reaches top_p, renormalised; cut tokens get -inf.
 
     The reference for what `sample_tokens` draws from (tests and the trainer compare with it).
@@ -180,6 +183,10 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
     import torch
 
     logp = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
+    if 0 < top_k < logp.shape[-1]:
+        kth = logp.topk(top_k, dim=-1).values[:, -1:]
+        logp = logp.masked_fill(logp < kth, float("-inf"))
+        logp = logp - logp.logsumexp(dim=-1, keepdim=True)
     if top_p >= 1.0:
         return logp
     sorted_logp, order = logp.sort(dim=-1, descending=True)
@@ -192,19 +199,28 @@ def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) ->
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    rng: torch.Generator,
+    top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row from `sampling_logprobs(logits, ...)`; returns (tokens, logprobs).
 
     A full sort of a 49k vocabulary per step costs as much as the forward pass on CPU, so the
     nucleus is looked for in the top 1024 tokens first and only rows whose nucleus reaches past
-    them are sorted in full. Draws are inverse-CDF with one uniform per row, which is both exact
-    and cheaper than torch.multinomial over the vocabulary.
+    them are sorted in full; with top_k the nucleus is looked for among the top_k tokens alone,
+    and nothing is sorted in full. Draws are inverse-CDF with one uniform per row, which is both
+    exact and cheaper than torch.multinomial over the vocabulary.
     """
     import torch
 
     logp = torch.log_softmax(logits.float() / max(temperature, 1e-6), dim=-1)
     uniform = torch.rand((logp.shape[0], 1), generator=rng, device=logp.device)
+    if 0 < top_k < logp.shape[1]:
+        top_logp, top_ids = _top_k(logp, top_k)
+        top_logp = top_logp - top_logp.logsumexp(dim=-1, keepdim=True)  # renormalised to top_k
+        return _nucleus_draw(top_logp, top_ids, top_p, uniform)
     if top_p >= 1.0:
         cdf = logp.exp().cumsum(dim=-1)
         pick = torch.searchsorted(cdf, uniform * cdf[:, -1:]).clamp(max=logp.shape[1] - 1)
@@ -218,13 +234,29 @@ def sample_tokens(
     return tokens, logprobs
 
 
+def _top_k(logp: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top_k log-probs of each row, descending, and their ids; where other tokens tie with
+    a row's k-th, they are kept too (vLLM keeps every token at or above the k-th value), and a
+    row with fewer ties than the widest is padded with -inf."""
+    top_logp, top_ids = logp.topk(top_k + 1, dim=-1)
+    kth = top_logp[:, top_k - 1 : top_k]
+    if bool((top_logp[:, -1:] == kth).any()):
+        width = int((logp >= kth).sum(dim=-1).max())
+        top_logp, top_ids = logp.topk(width, dim=-1)
+    else:
+        top_logp, top_ids = top_logp[:, :top_k], top_ids[:, :top_k]
+    return top_logp.masked_fill(top_logp < kth, float("-inf")), top_ids
+
+
 def _nucleus_draw(
     sorted_logp: torch.Tensor, sorted_ids: torch.Tensor, top_p: float, uniform: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     import torch
 
     probs = sorted_logp.exp()
-    kept = (probs.cumsum(dim=-1) - probs) < top_p  # the first token is always kept
+    kept = sorted_logp > float("-inf")  # a top-k cut pads its rows with -inf
+    if top_p < 1.0:
+        kept &= (probs.cumsum(dim=-1) - probs) < top_p  # the first token is always kept
     probs = probs * kept
     cdf = probs.cumsum(dim=-1)
     mass = cdf[:, -1:]
@@ -269,7 +301,7 @@ def _sample(
                 chosen_logp = logp.gather(1, chosen[:, None]).squeeze(1)
             else:
                 chosen, chosen_logp = sample_tokens(
-                    logits, sampling.temperature, sampling.top_p, rng
+                    logits, sampling.temperature, sampling.top_p, rng, sampling.top_k
                 )
             active = ~finished
             for row, token, value in zip(

@@ -147,6 +147,7 @@ class VLLMGenerator:
                 f"{self.max_model_len}",
                 permanent=True,
             )
+        knobs = UNMODELLED_OFF | ({"top_k": sampling.top_k} if sampling.top_k else {})
         params = SamplingParams(
             n=n,
             temperature=sampling.temperature,
@@ -155,7 +156,7 @@ class VLLMGenerator:
             seed=sampling.seed,  # vLLM gives the i-th of the n samples seed + i
             logprobs=0,  # only the sampled token's log-prob
             stop_token_ids=sorted(self.stops),
-            **UNMODELLED_OFF,
+            **knobs,
         )
         outputs = self._run(prompt_ids, params, Deadline.start(sampling))
         return [
@@ -275,8 +276,8 @@ def _engine_options(
 
     options: dict[str, Any] = {
         "dtype": dtype or str(preferred_dtype("cuda" if on_gpu else "cpu")).split(".")[-1],
-        # The log-prob of the distribution each token was drawn from (temperature and top-p
-        # applied), as the transformers backend reports and the trainer's ratio needs.
+        # The log-prob of the distribution each token was drawn from (temperature, top-k and
+        # top-p applied), as the transformers backend reports and the trainer's ratio needs.
         "logprobs_mode": "processed_logprobs",
         # No sampling defaults from the model's generation_config.json: `generate` sets
         # every knob itself (UNMODELLED_OFF), this keeps any other path from using them.
