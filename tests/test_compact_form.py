@@ -16,6 +16,8 @@ from harness.evaluation.calls import Limits
 from harness.evaluation.evaluate import evaluate
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.iteration import classify_group
+from harness.evolution.prompts import ANSWER_START
+from harness.llm.base import Sampling
 from harness.records import code_hash
 from problems.circle_packing import CirclePacking
 from problems.equation_discovery import SPECS, EquationDiscovery
@@ -63,7 +65,7 @@ def test_spellings_of_one_expression_are_one_program() -> None:
         ("params[0] * y + params[1]", "`y`: only the inputs (x, v), params and np"),
         ("params[0] * x +", "not one Python expression"),
         ("x = params[0]", "an assignment outside `equation`"),
-        ("numpy.sin(x) * params[0]", "`numpy.sin(...)` is not allowed: the functions are np.abs"),
+        ("scipy.sin(x) * params[0]", "`scipy.sin(...)` is not allowed: the functions are np.abs"),
         ("x" * 5000, "over 4,000 characters"),
         ("sum(params[i] * x**i for i in range(3))", "`sum(...)` is not allowed"),
         ("abs(params[3]) * (lambda u: u * v)(x)", "is not allowed"),
@@ -152,6 +154,60 @@ def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     assert "def equation(x, v, params):" not in compact  # no program is shown whole
     assert "3 expressions" in compact and "<candidate_2>" in compact
     assert len(compact) < len(whole)
+    # The answer is opened for the model: the compact prompt ends in the assistant's turn.
+    opened = build_prompt(OSCILLATOR, best, [seed], 3, compact=campaign.compact)
+    assert opened[-1] == {"role": "assistant", "content": ANSWER_START}
+    assert build_prompt(OSCILLATOR, best, [seed], 3)[-1]["role"] == "user"
+
+
+def test_an_opened_answer_is_continued_and_read_whole(tmp_path: Path) -> None:
+    """The prompt's tokens end inside the assistant's opened turn, the completion's text starts
+    with the opening (so it parses as the tags it is), and its tokens are the model's alone."""
+    from harness.llm import make_generator
+    from harness.llm.base import chat_prompt_ids
+
+    generator = make_generator("transformers", "smollm2", dtype="float32")
+    try:
+        tokenizer = generator.tokenizer
+        asked = [{"role": "user", "content": "Write an expression."}]
+        opened = [*asked, {"role": "assistant", "content": ANSWER_START}]
+        plain_ids = chat_prompt_ids(tokenizer, asked)
+        opened_ids = chat_prompt_ids(tokenizer, opened)
+        assert opened_ids[: len(plain_ids)] == plain_ids
+        assert tokenizer.decode(opened_ids[len(plain_ids) :]) == ANSWER_START
+        sampling = Sampling(temperature=1.0, top_p=1.0, max_tokens=6, seed=5)
+        [[completion]] = generator.generate([opened], 1, sampling)
+        assert completion.text.startswith(ANSWER_START)
+        assert list(completion.prompt_token_ids or ()) == opened_ids
+        generated = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        assert completion.text == ANSWER_START + generated
+    finally:
+        generator.close()
+    # What a model continuing the opening writes is read like a fully tagged answer.
+    continued = ANSWER_START + f"\n{BETTER}\n</candidate_1>"
+    group = classify_group(
+        [continued], 1, OSCILLATOR.seed_program, set(), expand=OSCILLATOR.compact.program
+    )
+    assert group.rollouts[0].status == "ok"
+
+
+@pytest.mark.parametrize(
+    ("text", "expression"),
+    [
+        ("y = params[0] * x + params[1] * v", "params[0] * x + params[1] * v"),
+        ("a = x * v\ny = params[0] * a + params[1]", "params[0] * (x * v) + params[1]"),
+        ("acc: float = params[0] * np.sin(x)", "params[0] * np.sin(x)"),
+        ("    m = params[0] * x\n    return m + numpy.cos(v)", "params[0] * x + np.cos(v)"),
+        ("params[0] * sin(x) + math.pi * abs(v)", "params[0] * np.sin(x) + np.pi * np.abs(v)"),
+    ],
+)
+def test_what_can_mean_one_expression_only_is_read_as_it(text: str, expression: str) -> None:
+    """ "The expression alone" as a 0.5B model often writes it: `y = ...` (the expression the
+    last assignment binds, as in `equation`'s body), the body of `equation` without its `def`,
+    `numpy.` or `math.` for np, `sin(x)` for np.sin."""
+    from problems.equation_discovery import grammar
+
+    assert grammar.read(text, ("x", "v")).text == expression
 
 
 def test_a_problem_without_a_compact_form_is_a_one_line_error() -> None:

@@ -36,6 +36,11 @@ SYSTEM = (
     "scored automatically, and you answer in exactly the format you are asked for."
 )
 
+# A compact answer is its tagged parts and nothing else, so its opening is written for the
+# model: the answer continues `<candidate_1>` (harness.llm.base.answer_start). A 0.5B model
+# asked for tags opened with a preamble, a heading or a code fence in most of its answers.
+ANSWER_START = "<candidate_1>"
+
 _EXAMPLE_EDIT = Edit("    lines copied exactly from the current program", "    their replacement")
 
 Messages = list[dict[str, str]]
@@ -69,7 +74,8 @@ def build_prompt(
     """Chat messages (system, user) asking for `candidates` different programs improving `parent`.
 
     With `compact` (the problem's compact form) the statement is the form's, the parent and the
-    drafts are shown as their evolved parts, and the candidates are asked for as parts.
+    drafts are shown as their evolved parts, the candidates are asked for as parts, and a third
+    message, the assistant's, opens the answer with ANSWER_START for the model to continue.
 
     Drafts are shown in the order given. Without a budget every part is shown at its own
     limit; with one, drafts are dropped from the end while the prompt is over `budget.tokens`,
@@ -87,7 +93,10 @@ def build_prompt(
         user = _user_message(
             problem, objectives, parent, kept, candidates, draft_chars, feedback_chars, compact
         )
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        if compact is not None:
+            prompt.append({"role": "assistant", "content": ANSWER_START})
+        return prompt
 
     prompt = messages()
     if budget is None:
@@ -333,7 +342,7 @@ def _compact_task(problem: Problem, candidates: int, compact: Compact) -> str:
         f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}), the "
         f"{what} alone, no code fence, nothing else. For example:\n\n"
         f"{example}\n\n"
-        "Think briefly first if it helps; write nothing after the last candidate."
+        "Write nothing before the first candidate or after the last."
     )
 
 

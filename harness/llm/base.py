@@ -205,9 +205,25 @@ def context_length(config: Any) -> int | None:
     return None
 
 
+def answer_start(messages: Sequence[Message]) -> str:
+    """What a conversation has already put in the assistant's mouth: the content of a final
+    assistant message, which the answer continues (a prefilled `<candidate_1>`), else ""."""
+    if messages and messages[-1].get("role") == "assistant":
+        return messages[-1].get("content") or ""
+    return ""
+
+
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Message]) -> list[int]:
-    """Token ids of the chat-templated prompt, ending where the assistant's answer starts."""
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    """Token ids of the chat-templated prompt, ending where the assistant's answer starts, or,
+    when the last message is the assistant's, inside that message (its content continued:
+    the template's trailing whitespace is cut, so a start should end in a visible character)."""
+    started = bool(answer_start(messages))
+    text = tokenizer.apply_chat_template(
+        list(messages),
+        tokenize=False,
+        add_generation_prompt=not started,
+        continue_final_message=started,
+    )
     # The template already wrote any bos it wants; the tokenizer must not add a second one.
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -231,14 +247,18 @@ def decoded(
     finish: str,
     prompt: Sequence[int],
     stops: set[int],
+    start: str = "",
 ) -> Completion:
     """A sampled completion as an in-process backend returns it: its text leaves out the stop
-    token that ended it, its token ids keep it (a step trains on the model ending its turn)."""
+    token that ended it, its token ids keep it (a step trains on the model ending its turn).
+    The text opens with `start`, the answer's prefilled opening (`answer_start`), which is in
+    the prompt's tokens and not in the completion's, so that the text reads as the whole
+    answer."""
     ends_in_stop = finish == "stop" and bool(tokens) and tokens[-1] in stops
     visible = list(tokens[:-1] if ends_in_stop else tokens)
     text = tokenizer.decode(visible, skip_special_tokens=True, clean_up_tokenization_spaces=False)
     return Completion(
-        text=text,
+        text=start + text,
         token_ids=tuple(tokens),
         logprobs=None if logprobs is None else tuple(logprobs),
         finish_reason=finish,

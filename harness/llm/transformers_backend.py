@@ -21,6 +21,7 @@ from harness.llm.base import (
     Message,
     Sampling,
     Weights,
+    answer_start,
     chat_prompt_ids,
     context_length,
     decoded,
@@ -139,7 +140,13 @@ class TransformersGenerator:
                 for owner, (tokens, logprobs, finish) in zip(owners, rows, strict=True):
                     completions[owner].append(
                         decoded(
-                            self.tokenizer, tokens, logprobs, finish, prompt_ids[owner], self.stops
+                            self.tokenizer,
+                            tokens,
+                            logprobs,
+                            finish,
+                            prompt_ids[owner],
+                            self.stops,
+                            answer_start(prompts[owner]),
                         )
                     )
         finally:

@@ -21,6 +21,7 @@ from harness.llm.base import (
     Message,
     Sampling,
     Weights,
+    answer_start,
     chat_prompt_ids,
     decoded,
     request_ids,
@@ -160,8 +161,8 @@ class VLLMGenerator:
         )
         outputs = self._run(prompt_ids, params, Deadline.start(sampling))
         return [
-            [self._completion(sample, ids) for sample in output.outputs]
-            for output, ids in zip(outputs, prompt_ids, strict=True)
+            [self._completion(sample, ids, answer_start(messages)) for sample in output.outputs]
+            for output, ids, messages in zip(outputs, prompt_ids, prompts, strict=True)
         ]
 
     def _run(
@@ -182,7 +183,7 @@ class VLLMGenerator:
         # Outputs carry the ids given on enqueue, which count up (as `generate` sorts them).
         return sorted(finished, key=lambda output: int(output.request_id))
 
-    def _completion(self, sample: Any, prompt: list[int]) -> Completion:
+    def _completion(self, sample: Any, prompt: list[int], start: str) -> Completion:
         tokens = tuple(sample.token_ids)
         finish = "length" if sample.finish_reason == "length" else "stop"
         logprobs = None
@@ -191,7 +192,7 @@ class VLLMGenerator:
                 float(position[token].logprob)
                 for position, token in zip(sample.logprobs, tokens, strict=True)
             )
-        return decoded(self.tokenizer, tokens, logprobs, finish, prompt, self.stops)
+        return decoded(self.tokenizer, tokens, logprobs, finish, prompt, self.stops, start)
 
     def load_weights(self, weights: Weights) -> None:
         """Sample from the policy version `weights` (its whole weights) from now on: an engine

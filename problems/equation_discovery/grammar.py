@@ -5,6 +5,7 @@ problem's inputs:
 
     params[0] * x + params[1] * v ** 3 + params[2] * np.sin(v)        # an expression
     return params[0] * x + params[1] * v                              # `return` is dropped
+    a = x * v; y = params[0] * a                                       # the last name bound
 
     import numpy as np                                                 # a whole program:
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import math
+import textwrap
 from dataclasses import dataclass
 
 MAX_CHARS = 4_000  # a candidate's text; a longer one is a runaway generation
@@ -93,7 +95,8 @@ def read(text: str, inputs: tuple[str, ...]) -> Equation:
         assert isinstance(tree, ast.Expression)
         body = _Reader(inputs, {}).expression(tree.body)
     else:
-        module = _parse(text, "exec")
+        # a body copied out of `equation` may still be indented
+        module = _parse(text, "exec") or _parse(_dedented(text), "exec")
         if module is None:
             raise Refused(_syntax_reason(expression))
         assert isinstance(module, ast.Module)
@@ -184,6 +187,18 @@ def _program(module: ast.Module, inputs: tuple[str, ...]) -> _Part:
     body = list(module.body)
     if body and _is_docstring(body[0]):
         body = body[1:]
+    if body and isinstance(body[-1], ast.Return) and body[-1].value is not None:
+        # `equation`'s body without its `def`: assignments and the final return
+        reader = _Reader(inputs, {})
+        for statement in body[:-1]:
+            reader.assign(statement)
+        return reader.expression(body[-1].value)
+    named = _named_result(body, inputs)
+    if named is not None:
+        reader = _Reader(inputs, {})
+        for statement in body:
+            reader.assign(statement)
+        return reader.bound[named]
     functions = []
     for statement in body:
         if isinstance(statement, ast.Import) and _is_numpy_import(statement):
@@ -214,6 +229,29 @@ def _program(module: ast.Module, inputs: tuple[str, ...]) -> _Part:
     returned = statements[-1].value
     assert returned is not None
     return reader.expression(returned)
+
+
+def _dedented(text: str) -> str:
+    """`text`, stripped, with the indentation its lines after the first share taken off them
+    (the first line's was stripped with the text's leading space)."""
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([first, *textwrap.dedent("\n".join(rest)).splitlines()])
+
+
+def _named_result(body: list[ast.stmt], inputs: tuple[str, ...]) -> str | None:
+    """The name a text of assignments alone ends by binding (`y = params[0] * x`, what a small
+    model writes for "the expression alone"), read as `equation`'s body returning that name;
+    None for any other text, and for a last assignment to an input (`x = params[0]` states no
+    equation for the output)."""
+    assignments = (ast.Assign, ast.AnnAssign, ast.AugAssign)
+    if not body or not all(isinstance(statement, assignments) for statement in body):
+        return None
+    last = body[-1]
+    targets = last.targets if isinstance(last, ast.Assign) else [last.target]
+    if len(targets) != 1 or not isinstance(targets[0], ast.Name):
+        return None
+    name = targets[0].id
+    return None if name in (*inputs, "params", *MODULES) else name
 
 
 def _check_signature(function: ast.FunctionDef, inputs: tuple[str, ...]) -> None:
@@ -293,7 +331,7 @@ class _Reader:
             raise Refused(
                 "assign to plain names only (`a = ...`), not to tuples or parts of values"
             )
-        if target.id in ("params", "np"):
+        if target.id in ("params", *MODULES):
             raise Refused(f"`{target.id}` may not be assigned: name the value something else")
         self.bound[target.id] = value
 
@@ -351,8 +389,12 @@ class _Reader:
         function = node.func
         if isinstance(function, ast.Attribute) and _is_np(function.value):
             name = function.attr
-        elif isinstance(function, ast.Name) and function.id == "abs":
-            name = "abs"
+        elif (
+            isinstance(function, ast.Name)
+            and function.id not in self.bound
+            and (function.id == "abs" or function.id in FUNCTIONS)
+        ):
+            name = function.id  # `sin(x)`: only np's functions can be meant
         else:
             raise Refused(
                 f"`{_short(function)}(...)` is not allowed: the functions are {FUNCTION_LIST}"
@@ -413,8 +455,13 @@ def _index(node: ast.Subscript) -> int:
     raise Refused("index params with a number from 0 to 9 only, as params[3]")
 
 
+# The modules a function or constant may be named from: `numpy.sin(x)` and `math.pi` can only
+# mean np.sin and np.pi here, and the program is written with np whatever the text said.
+MODULES = ("np", "numpy", "math")
+
+
 def _is_np(node: ast.AST) -> bool:
-    return isinstance(node, ast.Name) and node.id == "np"
+    return isinstance(node, ast.Name) and node.id in MODULES
 
 
 def _short(node: ast.AST) -> str:
