@@ -563,6 +563,12 @@ def test_openai_generates_with_smollm2_from_vllm_serve(
         )
         assert_logprobs_match(smollm2.hf_model, flat, TOP_K_AND_P, tolerance=5e-3)
         assert_trainer_agrees(smollm2.hf_model, flat, TOP_K_AND_P, tolerance=5e-3)
+        # An opened answer is continued: the server's prompt tokens end in the opening, as the
+        # in-process engines' do, and the text starts with it.
+        opened = [*PROMPTS[0], {"role": "assistant", "content": "<candidate_1>"}]
+        [[completion]] = generator.generate([opened], 1, SHORT)
+        assert completion.text.startswith("<candidate_1>")
+        assert list(completion.prompt_token_ids or ()) == chat_prompt_ids(tokenizer, opened)
         # No check that a seed repeats here: on a CPU with AMX, a repeated request to this
         # server diverged now and then after a few tokens (fp32 included). That the seeds are
         # sent is checked against the scripted server below.

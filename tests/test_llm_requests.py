@@ -336,6 +336,26 @@ def test_a_top_k_the_campaign_sets_is_sent_to_any_server(
     assert body["top_k"] == 40 and "min_p" not in body
 
 
+def test_an_opened_answer_is_continued_by_vllm_and_dropped_elsewhere(
+    endpoint: Endpoint, waits: list[float]
+) -> None:
+    """A prompt ending in the assistant's opening: vLLM's server is asked to continue it and
+    the text starts with it; a server that takes no prefill is asked without it."""
+    opened = [*PROMPT, {"role": "assistant", "content": "<candidate_1>"}]
+    endpoint.models = [{"id": "m", "owned_by": "vllm"}]
+    [[completion]] = client(endpoint, waits).generate([opened], 1, Sampling())
+    (_, body), *_ = endpoint.requests
+    assert body["messages"] == opened
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert completion.text.startswith("<candidate_1>")
+    endpoint.models = [{"id": "m", "owned_by": "x"}]
+    endpoint.requests.clear()
+    [[completion]] = client(endpoint, waits).generate([opened], 1, Sampling())
+    (_, body), *_ = endpoint.requests
+    assert body["messages"] == list(PROMPT) and "continue_final_message" not in body
+    assert not completion.text.startswith("<candidate_1>")
+
+
 @pytest.mark.parametrize("top_k", [-1, 2.5, True])
 def test_a_bad_top_k_is_refused_before_any_request(
     endpoint: Endpoint, waits: list[float], top_k: Any

@@ -41,6 +41,7 @@ from harness.llm.base import (
     Message,
     Sampling,
     Weights,
+    answer_start,
     check_request,
 )
 from harness.llm.timed_client import (
@@ -191,11 +192,12 @@ class OpenAIGenerator:
             try:
                 response = self.client.post(
                     f"{_server_root(self.base_url)}/tokenize",
-                    json={
-                        "model": self.model,
-                        "messages": list(messages),
-                        "add_generation_prompt": True,
-                    },
+                    json={"model": self.model, "messages": list(messages)}
+                    | (
+                        {"continue_final_message": True, "add_generation_prompt": False}
+                        if answer_start(messages)
+                        else {"add_generation_prompt": True}
+                    ),
                     timeout=30.0,
                 )
                 if response.status_code == 404:
@@ -218,11 +220,15 @@ class OpenAIGenerator:
     ) -> list[Completion]:
         limit = CallLimit.start(sampling.timeout, self.retries)
         completions: list[Completion] = []
+        # An opened answer (`answer_start`): a vLLM server continues it; other servers take no
+        # prefill, and are asked without it (their answer is then read as it comes).
+        start = answer_start(messages) if self.server == "vllm" else ""
+        sent = list(messages[:-1]) if answer_start(messages) and not start else list(messages)
         # Some servers (llama.cpp) answer fewer than n choices; ask again for the rest.
         while len(completions) < n:
             body: dict[str, Any] = {
                 "model": self.adapter or self.model,
-                "messages": list(messages),
+                "messages": list(sent),
                 "n": n - len(completions),
                 "temperature": sampling.temperature,
                 "top_p": sampling.top_p,
@@ -243,6 +249,8 @@ class OpenAIGenerator:
                 body["logprobs"] = True
             if self.server == "vllm":
                 body["return_token_ids"] = True  # a vLLM extension; other servers reject it
+            if start:
+                body |= {"continue_final_message": True, "add_generation_prompt": False}
             body.update(self.extra_body)
             reply = self._chat(body, limit)
             choices = reply.get("choices") or []
@@ -254,7 +262,7 @@ class OpenAIGenerator:
             prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
             prompt = prompt if isinstance(prompt, int) and prompt >= 0 else None
             completions.extend(
-                _completion(choice, prompt_ids, share, None if prompt_ids else prompt)
+                _completion(choice, prompt_ids, share, None if prompt_ids else prompt, start)
                 for choice, share in zip(choices, shares, strict=True)
             )
         return completions[:n]
@@ -459,12 +467,13 @@ def _completion(
     prompt_ids: list[int] | None,
     reported: int | None = None,
     reported_prompt: int | None = None,
+    start: str = "",
 ) -> Completion:
     entries = (choice.get("logprobs") or {}).get("content")
     logprobs = tuple(float(entry["logprob"]) for entry in entries) if entries else None
     token_ids = tuple(choice.get("token_ids") or ())
     return Completion(
-        text=(choice.get("message") or {}).get("content") or "",
+        text=start + ((choice.get("message") or {}).get("content") or ""),
         token_ids=token_ids,
         logprobs=logprobs,
         finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
