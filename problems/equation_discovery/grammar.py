@@ -206,6 +206,8 @@ def _program(module: ast.Module, inputs: tuple[str, ...]) -> _Part:
         if isinstance(statement, ast.FunctionDef) and statement.name == "equation":
             functions.append(statement)
             continue
+        if _binds(statement, "equation"):
+            raise Refused("the program defines no function `equation`: it assigns that name")
         raise Refused(
             f"{_what(statement)} outside `equation`: a program is only `import numpy as np` and"
             " `def equation(...)` returning one expression (or write the expression alone)"
@@ -241,8 +243,8 @@ def _dedented(text: str) -> str:
 def _named_result(body: list[ast.stmt], inputs: tuple[str, ...]) -> str | None:
     """The name a text of assignments alone ends by binding (`y = params[0] * x`, what a small
     model writes for "the expression alone"), read as `equation`'s body returning that name;
-    None for any other text, and for a last assignment to an input (`x = params[0]` states no
-    equation for the output)."""
+    None for any other text, for a last assignment to an input (`x = params[0]` states no
+    equation for the output) and for one to `equation` (the name the function must have)."""
     assignments = (ast.Assign, ast.AnnAssign, ast.AugAssign)
     if not body or not all(isinstance(statement, assignments) for statement in body):
         return None
@@ -251,7 +253,18 @@ def _named_result(body: list[ast.stmt], inputs: tuple[str, ...]) -> str | None:
     if len(targets) != 1 or not isinstance(targets[0], ast.Name):
         return None
     name = targets[0].id
-    return None if name in (*inputs, "params", *MODULES) else name
+    return None if name in (*inputs, "params", "equation", *MODULES) else name
+
+
+def _binds(statement: ast.stmt, name: str) -> bool:
+    """Whether `statement` is an assignment whose targets include the bare `name`."""
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
+        targets = [statement.target]
+    else:
+        return False
+    return any(isinstance(target, ast.Name) and target.id == name for target in targets)
 
 
 def _check_signature(function: ast.FunctionDef, inputs: tuple[str, ...]) -> None:
