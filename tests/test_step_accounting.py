@@ -362,3 +362,31 @@ def test_the_last_steps_line_names_the_last_iteration_when_a_budget_stops_the_ru
         done = store.iterations_done(campaign_id)
     assert 1 <= done < 40
     assert "| step " in lines[-1] and lines[-1].startswith(f"iteration {done}/40 |")
+
+
+def test_without_a_final_step_the_last_groups_wait_and_an_extension_trains_them_first(
+    tiny_model: str, harvested: Path, tmp_path: Path
+) -> None:
+    """`final_step = false`: the groups of the last batch are left for an extended run, said at
+    the end; any run that samples trains the groups waiting for it before its first batch, so
+    every batch is sampled after the steps on those before it (the harvested three included)."""
+    store, campaign_id = harvest(harvested, tmp_path)
+    said: list[str] = []
+    config = build(settings(tiny_model, iterations=6, train_every=2, final_step=False))
+    run_campaign(config, store, CirclePacking(), say=said.append)
+    groups = groups_of(store, campaign_id)
+    assert [g.train_step for g in groups] == [1, 1, 2, 2, None, None]
+    versions = {p.step: p.id for p in store.policies(campaign_id)}
+    assert sorted(versions) == [1, 2]
+    # Iteration 4 was sampled by step 1's weights, taken on the harvested groups before it.
+    assert [g.policy_version_id for g in groups[3:]] == [versions[1], versions[2], versions[2]]
+    assert said[-1] == (
+        "2 groups not trained: the campaign takes no final step (final_step off); extending "
+        "the campaign trains them first"
+    )
+
+    run_campaign(build(settings(tiny_model, iterations=7, train_every=2)), store, CirclePacking())
+    groups = groups_of(store, campaign_id)
+    assert [g.train_step for g in groups] == [1, 1, 2, 2, 3, 3, None]
+    [third] = [p for p in store.policies(campaign_id) if p.step == 3]
+    assert groups[6].policy_version_id == third.id

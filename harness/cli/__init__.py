@@ -36,7 +36,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported here: `python -m harness.cli.train` runs a module the parser imports, which
     # must not be imported before it runs.
     from harness.cli.parser import build_parser
+    from harness.config import allocator
     from problems.registry import ProblemLoadError
+
+    if argv is None:  # a process of its own (not a test calling in): see harness/config/allocator
+        allocator.settle()
 
     # vLLM logs every engine detail at INFO, and on CPU a warning per generate call; a campaign
     # shows its own progress. Its errors still show; VLLM_LOGGING_LEVEL=INFO brings back the rest.

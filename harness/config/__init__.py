@@ -10,6 +10,7 @@
     files      the TOML file: sections, unknown keys, a campaign's stored settings
     logs       the run's log file and one-line messages
     errors     UserError, CampaignFailed: what a user is told in one line
+    allocator  glibc's malloc thresholds for a `vpo` process: freed memory goes back
 
 Imports nothing else from the harness but its records.
 May import: nothing

@@ -171,6 +171,17 @@ class TrainSettings:
         group=TRAINING,
         campaign_only=True,
     )
+    # A step on the groups the run's last batch left (the run's newest version): on by default,
+    # so the policy a campaign leaves has learnt from all it harvested; off, they wait, and
+    # `vpo run --extend` trains on them before its first batch (no rollout of this run samples
+    # that version: make demo's last step was 110 s of 662, seed 0, 2026-12-07).
+    final_step: bool = setting(
+        True,
+        "skip the step on the last batch's groups, whose version no rollout of this run samples "
+        "(an extended run takes it before its first batch)",
+        group=TRAINING,
+        campaign_only=True,
+    )
     policy_dir: str | None = setting(
         None,
         "where policy versions are saved (default: beside the database)",

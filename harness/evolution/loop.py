@@ -136,6 +136,7 @@ def run_campaign(
                 stopped = evolve(run, generator, on_progress, say=say)
             elif (
                 config.training.train_every
+                and config.training.final_step
                 and store.untrained_count(campaign_id) >= config.training.train_every
             ):
                 # Killed after recording its last iteration, before training on the last
@@ -256,6 +257,10 @@ def evolve(
     with ThreadPoolExecutor(1, thread_name_prefix="evaluate") as evaluator:
         clock.watch(evaluator.submit(threading.get_ident).result())
         pending: Future[None] | None = None
+        if after_step and todo:
+            # Groups a run before this one left untrained (`final_step` off, or a kill before
+            # its step): the first batch is sampled after the steps on them, as every other is.
+            train_waiting_groups(run, generator, clock.ledger)
         for start in range(0, len(todo), width):
             stopped = budget_stop(run, spent)
             if stopped is not None:
@@ -293,7 +298,9 @@ def evolve(
         if pending is not None:
             with clock.stage("waiting"):
                 pending.result()
-            trained = train_waiting_groups(run, generator, clock.ledger)
+            trained = run.config.training.final_step and train_waiting_groups(
+                run, generator, clock.ledger
+            )
             wall, loop = clock.period()  # the last wait and steps: a period of no batch
             last = batch_payload([], 0, wall, loop, {})
             run.store.record_event(run.campaign_id, EVENT, last)

@@ -374,7 +374,12 @@ def untrained_note(store: Store, campaign_id: int, every: int) -> str | None:
     if not waiting:
         return None
     them = "them" if waiting > 1 else "it"
+    why = (
+        "the campaign takes no final step (final_step off)"
+        if waiting >= every
+        else f"fewer than train_every ({every}) came in after the last step"
+    )
     return (
-        f"{waiting} group{'s' if waiting > 1 else ''} not trained: fewer than train_every "
-        f"({every}) came in after the last step; extending the campaign trains {them} first"
+        f"{waiting} group{'s' if waiting > 1 else ''} not trained: {why}; extending the "
+        f"campaign trains {them} first"
     )
