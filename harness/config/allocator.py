@@ -3,15 +3,18 @@
 A campaign on CPU generates and trains in one process, on several threads. glibc's malloc gives
 each thread an arena of its own and keeps what a thread frees for its next allocation, and it
 raises its mmap threshold each time a large block is freed (up to 32 MiB), so the tensors of a
-training step, freed at its end, stay resident: `make demo`'s first eight iterations (seed 0,
-2026-12-07) peaked at 12.3 GB, 4.2 GB above the loaded models, and stayed 2.6 GB above them
-between steps, while the step's live tensors are under 1 GB (benchmarks/results/demo_seeds.md).
+training step, freed at its end, stay resident. `make demo` on seed 0 (2026-12-07, 2 Xeon cores)
+held 8.0 GB once its models were loaded and peaked at 14.4 GB, while a step's live tensors are
+about 1 GB (benchmarks/results/demo_seeds_83cae64.md).
 
 `settle()` fixes the thresholds instead, before the process allocates much: blocks from
 MMAP_THRESHOLD bytes are mapped on their own and unmapped when freed, the heap's free top is
-trimmed, and at most ARENAS arenas serve the threads. The same run then peaked at 9.1 GB, and
-took 374 s against 350 (mapping fresh pages costs). A process whose environment sets a MALLOC_*
-variable or a glibc.malloc tunable (GLIBC_TUNABLES) keeps the allocator as the user set it.
+trimmed, and at most ARENAS arenas serve the threads. The same campaign, the same trajectory,
+then peaked at 9.0 GB (benchmarks/results/demo_seeds.md), but its 16 iterations took 629 s
+against 516: a freed block's pages go back to the system, and the next block of that size
+faults fresh, zeroed pages in (the training step most). A process whose environment sets a
+MALLOC_* variable or a glibc.malloc tunable (GLIBC_TUNABLES) keeps the allocator as the user
+set it: `MALLOC_TOP_PAD_=131072` (glibc's default value) trades the memory back for the time.
 """
 
 from __future__ import annotations
