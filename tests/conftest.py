@@ -591,6 +591,31 @@ def require_vllm() -> None:
     missing_backend("vllm", "run `bash scripts/install-llm-backends.sh .venv`", impossible)
 
 
+def cut_logprob_gaps(
+    model: Any, completions: Any, temperature: float, top_p: float, top_k: int
+) -> tuple[float, float, float]:
+    """The trainer's log-probs of sampled completions beside the sampler's, over their real
+    tokens: the largest |log pi - log Z - reported| (Z: the mass the top_k and top_p cuts
+    keep), the sum of reported - log pi (what leaving the cut out would be off by) and the
+    number of tokens."""
+    import torch
+
+    from trainer.logprobs import token_batch, token_logprobs
+
+    rows = [
+        (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
+        for c in completions
+    ]
+    batch = token_batch(rows)
+    with torch.no_grad():
+        values, mass = token_logprobs(model, batch, temperature, top_p, top_k=top_k)
+    assert mass is not None
+    real = batch["completion_mask"]
+    reported = batch["sampler_logprobs"]
+    gap = float(((values - mass - reported).abs() * real).max())
+    return gap, float(((reported - values) * real).sum()), float(real.sum())
+
+
 # docs/scale.md's `vllm serve` recipe, run as written: one server for the whole session
 
 SCALE = PROJECT / "docs" / "scale.md"

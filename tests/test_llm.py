@@ -403,17 +403,10 @@ def test_a_wrapped_model_is_shared_not_copied(tokenizer: Any) -> None:
 # --- transformers backend with SmolLM2 --------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "sampling", [SAMPLING, TOP_K, TOP_K_AND_P], ids=["top_p", "top_k", "top_k_and_p"]
+)
 def test_transformers_generates_with_smollm2(
-    smollm2: TransformersGenerator, tokenizer: Any
-) -> None:
-    groups = smollm2.generate(PROMPTS, 3, SAMPLING)
-    flat = check_completions(groups, 3, tokenizer, SAMPLING)
-    assert_logprobs_match(smollm2.hf_model, flat, SAMPLING, tolerance=1e-3)
-    assert_trainer_agrees(smollm2.hf_model, flat, SAMPLING, tolerance=1e-3)
-
-
-@pytest.mark.parametrize("sampling", [TOP_K, TOP_K_AND_P], ids=["top_k", "top_k_and_p"])
-def test_transformers_samples_top_k_with_smollm2(
     smollm2: TransformersGenerator, tokenizer: Any, sampling: Sampling
 ) -> None:
     groups = smollm2.generate(PROMPTS, 3, sampling)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_vllm
+from conftest import cut_logprob_gaps, require_vllm
 
 from harness.llm import GenerationError, Sampling
 from harness.llm.base import Message, chat_prompt_ids
@@ -127,7 +127,6 @@ def test_the_trainer_reads_top_k_samples_as_the_engine_reported_them(
     nats away."""
     import torch
 
-    from trainer.logprobs import token_batch, token_logprobs
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import Group, Rollout, TrainConfig, train_step
 
@@ -135,18 +134,9 @@ def test_the_trainer_reads_top_k_samples_as_the_engine_reported_them(
     completions = [c for group in engine.generate(PROMPTS, 3, sampling) for c in group]
     policy = Policy.load(tiny_model, PolicyConfig(reference=False))
     policy.autocast_dtype = torch.float32  # as the engine computes
-    rows = [
-        (list(c.prompt_token_ids or ()), list(c.token_ids), list(c.logprobs or ()))
-        for c in completions
-    ]
-    batch = token_batch(rows)
-    with torch.no_grad():
-        values, mass = token_logprobs(policy.model, batch, 0.8, top_p, top_k=top_k)
-    assert mass is not None
-    real = batch["completion_mask"]
-    reported = batch["sampler_logprobs"]
-    assert float(((values - mass - reported).abs() * real).max()) < 1e-3
-    assert float(((reported - values) * real).sum() / real.sum()) > 1.0  # what the cut is worth
+    gap, uncut, tokens = cut_logprob_gaps(policy.model, completions, 0.8, top_p, top_k)
+    assert gap < 1e-3
+    assert uncut / tokens > 1.0  # what the cut is worth
     rollouts = [Rollout(c.prompt_token_ids or (), c.token_ids, c.logprobs, 0) for c in completions]
     scores = np.random.default_rng(0).uniform(size=(len(rollouts), 1, 2))
     group = Group(rollouts, scores, np.ones((len(rollouts), 1), dtype=bool))
