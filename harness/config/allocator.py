@@ -4,8 +4,9 @@ A campaign on CPU generates and trains in one process, on several threads. glibc
 each thread an arena of its own and keeps what a thread frees for its next allocation, and it
 raises its mmap threshold each time a large block is freed (up to 32 MiB), so the tensors of a
 training step, freed at its end, stay resident. `make demo` on seed 0 (2026-12-07, 2 Xeon cores)
-held 8.0 GB once its models were loaded and peaked at 14.4 GB, while a step's live tensors are
-about 1 GB (benchmarks/results/demo_seeds_83cae64.md).
+held 8.0 GB once its models were loaded and peaked at 14.4 GB, while a step raises the
+process by about 1.5 GB once freed memory is handed back (benchmarks/results/demo_seeds_83cae64.md;
+9.0 GB peak against 7.55 loaded in demo_seeds.md).
 
 `settle()` fixes the thresholds instead, before the process allocates much: blocks from
 MMAP_THRESHOLD bytes are mapped on their own and unmapped when freed, the heap's free top is

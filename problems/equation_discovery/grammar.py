@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import ast
 import math
-import textwrap
 from dataclasses import dataclass
+
+from problems.equation_discovery.readings import assigns, dedented, named_result
 
 MAX_CHARS = 4_000  # a candidate's text; a longer one is a runaway generation
 MAX_NODES = 400  # nodes of the inlined expression (an honest ten-term equation has ~60)
@@ -96,7 +97,7 @@ def read(text: str, inputs: tuple[str, ...]) -> Equation:
         body = _Reader(inputs, {}).expression(tree.body)
     else:
         # a body copied out of `equation` may still be indented
-        module = _parse(text, "exec") or _parse(_dedented(text), "exec")
+        module = _parse(text, "exec") or _parse(dedented(text), "exec")
         if module is None:
             raise Refused(_syntax_reason(expression))
         assert isinstance(module, ast.Module)
@@ -193,7 +194,7 @@ def _program(module: ast.Module, inputs: tuple[str, ...]) -> _Part:
         for statement in body[:-1]:
             reader.assign(statement)
         return reader.expression(body[-1].value)
-    named = _named_result(body, inputs)
+    named = named_result(body, (*inputs, "params", "equation", *MODULES))
     if named is not None:
         reader = _Reader(inputs, {})
         for statement in body:
@@ -206,7 +207,7 @@ def _program(module: ast.Module, inputs: tuple[str, ...]) -> _Part:
         if isinstance(statement, ast.FunctionDef) and statement.name == "equation":
             functions.append(statement)
             continue
-        if _binds(statement, "equation"):
+        if assigns(statement, "equation"):
             raise Refused("the program defines no function `equation`: it assigns that name")
         raise Refused(
             f"{_what(statement)} outside `equation`: a program is only `import numpy as np` and"
@@ -231,40 +232,6 @@ def _program(module: ast.Module, inputs: tuple[str, ...]) -> _Part:
     returned = statements[-1].value
     assert returned is not None
     return reader.expression(returned)
-
-
-def _dedented(text: str) -> str:
-    """`text`, stripped, with the indentation its lines after the first share taken off them
-    (the first line's was stripped with the text's leading space)."""
-    first, *rest = text.splitlines() or [""]
-    return "\n".join([first, *textwrap.dedent("\n".join(rest)).splitlines()])
-
-
-def _named_result(body: list[ast.stmt], inputs: tuple[str, ...]) -> str | None:
-    """The name a text of assignments alone ends by binding (`y = params[0] * x`, what a small
-    model writes for "the expression alone"), read as `equation`'s body returning that name;
-    None for any other text, for a last assignment to an input (`x = params[0]` states no
-    equation for the output) and for one to `equation` (the name the function must have)."""
-    assignments = (ast.Assign, ast.AnnAssign, ast.AugAssign)
-    if not body or not all(isinstance(statement, assignments) for statement in body):
-        return None
-    last = body[-1]
-    targets = last.targets if isinstance(last, ast.Assign) else [last.target]
-    if len(targets) != 1 or not isinstance(targets[0], ast.Name):
-        return None
-    name = targets[0].id
-    return None if name in (*inputs, "params", "equation", *MODULES) else name
-
-
-def _binds(statement: ast.stmt, name: str) -> bool:
-    """Whether `statement` is an assignment whose targets include the bare `name`."""
-    if isinstance(statement, ast.Assign):
-        targets = statement.targets
-    elif isinstance(statement, (ast.AnnAssign, ast.AugAssign)):
-        targets = [statement.target]
-    else:
-        return False
-    return any(isinstance(target, ast.Name) and target.id == name for target in targets)
 
 
 def _check_signature(function: ast.FunctionDef, inputs: tuple[str, ...]) -> None:
