@@ -1,4 +1,4 @@
-"""The C allocator of a `vpo` process: freed memory goes back to the system.
+"""The C allocator of a `vpo` process: freed memory goes back to the system, between steps.
 
 A campaign on CPU generates and trains in one process, on several threads. glibc's malloc gives
 each thread an arena of its own and keeps what a thread frees for its next allocation, and it
@@ -10,12 +10,17 @@ process by about 1.5 GB once freed memory is handed back (benchmarks/results/dem
 
 `settle()` fixes the thresholds instead, before the process allocates much: blocks from
 MMAP_THRESHOLD bytes are mapped on their own and unmapped when freed, the heap's free top is
-trimmed, and at most ARENAS arenas serve the threads. The same campaign, the same trajectory,
-then peaked at 9.0 GB (benchmarks/results/demo_seeds.md), but its 16 iterations took 629 s
-against 516: a freed block's pages go back to the system, and the next block of that size
-faults fresh, zeroed pages in (the training step most). A process whose environment sets a
-MALLOC_* variable or a glibc.malloc tunable (GLIBC_TUNABLES) keeps the allocator as the user
-set it: `MALLOC_TOP_PAD_=131072` (glibc's default value) trades the memory back for the time.
+trimmed, and at most ARENAS arenas serve the threads; `release()`, called before and after each
+training step, hands back the free pages inside the heaps (glibc's malloc_trim), which the
+top's trim cannot reach. The threshold is a trade: a block mapped on its own faults fresh,
+zeroed pages in each time, and a training step allocates and frees many blocks of a few MiB
+(an MLP activation of a group is 16 MiB in bf16). Demo seed 0's first 8 iterations on 2 AMD
+EPYC cores with bf16 (2026-12-07, one run each, docs/generation.md "Memory on a CPU"):
+glibc's own thresholds 148 s and 8.79 GB; from 64 KiB, as this module first set it, 194 s and
+7.72 GB; from 1 MiB 186 s, 7.70 GB; from 4 MiB 159 s, 7.96 GB; from 32 MiB 130 s, 8.92 GB (the
+last three with `release()`). A process whose environment sets a MALLOC_* variable or a
+glibc.malloc tunable (GLIBC_TUNABLES) keeps the allocator as the user set it, and `release()`
+does nothing there.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ import sys
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-MMAP_THRESHOLD = 64 * 1024
+MMAP_THRESHOLD = 4 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024
 ARENAS = 2
+
+
+_settled = False
 
 
 def settle() -> bool:
@@ -52,7 +60,8 @@ def settle() -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return all(
+    global _settled
+    _settled = all(
         mallopt(parameter, value) == 1
         for parameter, value in (
             (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
@@ -60,3 +69,11 @@ def settle() -> bool:
             (M_ARENA_MAX, ARENAS),
         )
     )
+    return _settled
+
+
+def release() -> None:
+    """Hand the free pages of every arena back to the system (glibc's malloc_trim), in a
+    process `settle()` set up; elsewhere nothing (a test calling in, a user's own settings)."""
+    if _settled:
+        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness import faults
+from harness.config import allocator
 from harness.config.errors import UserError
 from harness.config.settings import CampaignSettings
 from harness.config.training import Sampling, TrainSettings
@@ -252,7 +253,9 @@ def train_next_version(
     times the step (reading the groups, the step, saving and recording it: `training`) and
     the publishing (the weights into the engine, old versions pruned)."""
     with timed(ledger, "training"):
+        allocator.release()  # what generating freed, before the step's peak
         found = _step(trainer)
+        allocator.release()  # and what the step freed
     if found is None:
         return None
     metrics, folder = found
