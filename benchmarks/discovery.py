@@ -72,6 +72,7 @@ from discovery_runs import (  # noqa: E402
     RunResult,
     database,
     mean_of,
+    scored_candidates,
     summary_path,
 )
 from probe import probe_apart  # noqa: E402
@@ -198,6 +199,11 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
             if program.status == "ok":
                 tokens.append(now)
                 scores.append([program.scores.get(name, 0.0) for name in objectives])
+        rollout_scores = [
+            scored_candidates(rollout, objectives)
+            for group in store.training_groups(campaign_id)
+            for rollout in group.rollouts
+        ]
         measures = store.iteration_measures(campaign_id)
         policies = store.policies(campaign_id)
         versions = store.version_measures(campaign_id, objectives)
@@ -222,6 +228,7 @@ def read_run(arm: str, seed: int, db: Path, wall: float) -> RunResult:
         rollouts=sum(row.rollouts for row in versions),
         trained_rollouts=sum(row.rollouts for row in versions if row.changed),
         probe=read_probe(db.with_suffix(".probe.json")),
+        rollout_scores=rollout_scores,
     )
 
 

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +116,9 @@ class RunResult:
     # rollout on (a step whose advantages were all 0 publishes the weights it was given).
     trained_rollouts: int
     probe: dict | None = None  # what the last version samples on the first prompt (probe.py)
+    # Per rollout, the score vectors of its scored candidates (benchmarks/reward_geometry.py);
+    # None in summaries written before it was kept.
+    rollout_scores: list[list[list[float]]] | None = None
 
     @property
     def best(self) -> np.ndarray:
@@ -167,6 +171,16 @@ def summary_fields(path: Path) -> dict:
     scores = np.array(fields["program_scores"], dtype=np.float64)
     fields["program_scores"] = scores.reshape(len(scores), len(fields["objectives"]))
     return fields
+
+
+def scored_candidates(rollout: Any, objectives: Sequence[str]) -> list[list[float]]:
+    """A stored rollout's (harness.records.TrainingRollout) candidates that parsed and ran:
+    their score vectors, a repeat of a stored program included."""
+    return [
+        [slot.get(name, 0.0) for name in objectives]
+        for j, slot in enumerate(rollout.candidates)
+        if slot is not None and (j >= len(rollout.valid) or rollout.valid[j])
+    ]
 
 
 def database(folder: Path, arm: str, seed: int) -> Path:

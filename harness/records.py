@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+# A problem's case scores (problems.api.Problem.cases) are stored beside its objectives' under
+# this prefix: "case:id_ring1". Every list of a campaign's objectives leaves them out.
+CASE_PREFIX = "case:"
+
+
+def is_case(name: str) -> bool:
+    return name.startswith(CASE_PREFIX)
+
 
 def code_hash(code: str) -> str:
     """sha256 of the code with trailing whitespace and blank lines removed.

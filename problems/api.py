@@ -87,6 +87,7 @@ class Call:
     objectives: tuple[str, ...] = ()
     entry: str = ""
     context: Any = field(default=None, compare=False)
+    cases: tuple[str, ...] = ()  # the problem's cases its data score beside `objectives`
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Evaluation:
     known, above 1 a record; 0 where the candidate failed that part);
     `raw` the unnormalised values (None where there is none); `status` is "ok" only when every
     call returned valid data, else the first failure's status, explained in `reason`.
+    `cases` holds the problem's case scores (`Problem.cases`), normalised likewise, and
+    `case_raw` their raw values: never objectives, kept to train and select on.
     """
 
     status: Status
@@ -105,14 +108,19 @@ class Evaluation:
     reason: str | None = None
     seconds: float = 0.0
     artifacts: Mapping[str, Any] = field(default_factory=dict)
+    cases: Mapping[str, float] = field(default_factory=dict)
+    case_raw: Mapping[str, float | None] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        found = {
             "status": self.status,
             "scores": dict(self.scores),
             "raw": dict(self.raw),
             "reason": self.reason,
         }
+        if self.cases:
+            found |= {"cases": dict(self.cases), "case_raw": dict(self.case_raw)}
+        return found
 
 
 class Compact(ABC):
@@ -180,6 +188,13 @@ class Problem(ABC):
     referee_entry: str = ""
     # The compact answer form, where the problem has one (`[sampling] form = "compact"`).
     compact: Compact | None = None
+    # Cases: a vector of separate pieces of the task (a region of the data, a test), each
+    # scored like an objective by `score` (a call lists their names in `Call.cases`), to train
+    # and select on beside the objectives a campaign reports (`[training] vector = "cases"`).
+    # Where the objectives move together (two fits of one equation), a vector of cases is
+    # one whose parts trade off: an equation that captures one regime scores on its part. They
+    # are never reported as objectives, on the front or against best known values.
+    cases: tuple[Objective, ...] = ()
 
     def family(self, code: str) -> str | None:
         """A key naming the family of programs `code` belongs to: two programs of one family
@@ -240,7 +255,7 @@ class Problem(ABC):
         """
 
     def objective(self, name: str) -> Objective:
-        for o in self.objectives:
+        for o in (*self.objectives, *self.cases):
             if o.name == name:
                 return o
         raise KeyError(name)
@@ -248,7 +263,15 @@ class Problem(ABC):
     def empty_evaluation(self, status: Status, reason: str) -> Evaluation:
         """All zeros: what a candidate that did not parse or could not run scores."""
         names = [o.name for o in self.objectives]
-        return Evaluation(status, {n: 0.0 for n in names}, {n: None for n in names}, reason)
+        cases = [o.name for o in self.cases]
+        return Evaluation(
+            status,
+            dict.fromkeys(names, 0.0),
+            dict.fromkeys(names),
+            reason,
+            cases=dict.fromkeys(cases, 0.0),
+            case_raw=dict.fromkeys(cases),
+        )
 
 
 def combine(
@@ -267,14 +290,21 @@ def combine(
     """
     scores: dict[str, float] = {}
     raw: dict[str, float | None] = {}
+    cases: dict[str, float] = {}
+    case_raw: dict[str, float | None] = {}
     status: Status = "ok"
     reasons: list[str] = []
     for call in problem.calls():
         call_status, values, reason = results[call.key]
-        for name in call.objectives:
-            value = values.get(name) if call_status == "ok" else None
-            raw[name] = value
-            scores[name] = problem.objective(name).normalise(value) if value is not None else 0.0
+        for names, normalised, raws in (
+            (call.objectives, scores, raw),
+            (call.cases, cases, case_raw),
+        ):
+            for name in names:
+                value = values.get(name) if call_status == "ok" else None
+                raws[name] = value
+                objective = problem.objective(name)
+                normalised[name] = objective.normalise(value) if value is not None else 0.0
         if call_status != "ok":
             if status == "ok":
                 status = call_status
@@ -282,7 +312,7 @@ def combine(
     reason = None
     if reasons:
         reason = reasons[0] if len(reasons) == 1 else f"{reasons[0]} (and {len(reasons) - 1} more)"
-    return Evaluation(status, scores, raw, reason, seconds, dict(artifacts or {}))
+    return Evaluation(status, scores, raw, reason, seconds, dict(artifacts or {}), cases, case_raw)
 
 
 class AnswerProblem(ABC):

@@ -16,6 +16,7 @@ from harness.cli.render import (
     score_text,
     summary_table,
 )
+from harness.records import is_case
 
 
 def print_view(command: str, data: Any) -> None:
@@ -52,7 +53,7 @@ def _ranking(command: str, data: Any) -> Any:
     from rich.table import Table
 
     table = Table(title=f"{command}: {len(data)} programs")
-    objectives = sorted({k for row in data for k in row["scores"]})
+    objectives = sorted({k for row in data for k in row["scores"] if not is_case(k)})
     for column in ("id", "island", "gen", "origin", *objectives):
         table.add_column(column, justify="right")
     if command == "top":

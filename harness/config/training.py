@@ -17,6 +17,7 @@ DUPLICATE_REWARDS = ("zero", "keep")
 FORMAT_REWARDS = ("partial", "whole")
 # What a group's set score is measured against (harness/learning/rewards.py `references`).
 REFERENCES = ("none", "parent", "island", "campaign")
+VECTORS = ("objectives", "cases")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 SWITCHES = ("auto", "on", "off")
@@ -28,7 +29,7 @@ DEFAULT_MODEL = "smollm2"
 # What a rollout is paid by (harness/learning/rewards.py `to_group`): offline training on a
 # campaign's groups scores them by the campaign's rules.
 REWARD_RULES = ("duplicate_reward", "format_reward", "overlong_buffer", "reward_reference",
-                "slot_cost")  # fmt: skip
+                "slot_cost", "vector")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,15 @@ class TrainSettings:
         "or campaign (the gain over the front it held) ({default})",
         group=TRAINING,
     )
+    # The score vector a step trains on: the campaign's objectives, or its problem's cases
+    # (problems.api.Problem.cases: separate pieces of the task, whose parts trade off where
+    # two fits of one equation move together; GRPO and Multi-RLVR take their mean).
+    vector: str = setting(
+        "objectives",
+        "the score vector a step trains on: objectives, or cases (the problem's separate "
+        "cases, where it has them) ({default})",
+        group=TRAINING,
+    )
     # Each rollout loses this times the share of its m candidate slots that brought nothing
     # (missing, unparsed, lazy, failed, or a repeat within the rollout); 0: off.
     slot_cost: float = setting(
@@ -211,6 +221,7 @@ class TrainSettings:
         require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
         require(self.overlong_buffer >= 0, "overlong_buffer", "a whole number >= 0 (0: off)")
         require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
+        require(self.vector in VECTORS, "vector", " or ".join(VECTORS))
         require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
         measured = self.train_every and (self.reward_reference != "none" or self.slot_cost > 0)
         require(

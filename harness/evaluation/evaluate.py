@@ -91,7 +91,8 @@ def evaluate_many(
                 results[k] = "invalid", {}, _refusal(exc)
                 continue
             if following is None:
-                results[k] = _score_call(problem, call, first.objectives, outcome.value)
+                named = first.objectives + first.cases
+                results[k] = _score_call(problem, call, named, outcome.value)
                 continue
             # What one stage hands to the next (a fit's constants) is kept beside the scores:
             # the last stage's data are scored, but these are what they were computed from.
@@ -138,7 +139,8 @@ def with_driver(problem: Problem, code: str) -> str:
 def _score_call(
     problem: Problem, call: Call, objectives: tuple[str, ...], value: Any
 ) -> tuple[Status, dict[str, float], str | None]:
-    """Score the data the call's last stage returned; `objectives` are the first call's."""
+    """Score the data the call's last stage returned; `objectives` are the first call's (its
+    cases among them)."""
     try:
         values = dict(problem.score(call, value))
     except Exception as exc:  # Infeasible, or data shaped so oddly that it could not be read

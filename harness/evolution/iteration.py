@@ -25,6 +25,7 @@ from harness.evolution.parsing import ParsedCandidate, parse_completion
 from harness.evolution.selection import Selection
 from harness.llm.base import Completion, Message
 from harness.records import (
+    CASE_PREFIX,
     CandidateRecord,
     NewProgram,
     PolicyVersion,
@@ -338,11 +339,13 @@ def _stored(candidate: Candidate, evaluations: Mapping[str, Evaluation]) -> Cand
 
 def new_program(code: str, evaluation: Evaluation) -> NewProgram:
     """An evaluated candidate as the store takes it."""
+    cases = {CASE_PREFIX + name: value for name, value in evaluation.cases.items()}
+    case_raw = {CASE_PREFIX + name: value for name, value in evaluation.case_raw.items()}
     return NewProgram(
         code=code,
         status=evaluation.status,
-        scores=dict(evaluation.scores),
-        raw=dict(evaluation.raw),
+        scores=dict(evaluation.scores) | cases,
+        raw=dict(evaluation.raw) | case_raw,
         error=evaluation.reason,
         eval_seconds=evaluation.seconds,
         metrics={"artifacts": dict(evaluation.artifacts)},

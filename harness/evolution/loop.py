@@ -39,6 +39,7 @@ from harness.evolution.run import CampaignRun, refresh_population
 from harness.learning.steps import (
     start_trainer,
     train_next_version,
+    trained_vector,
     trainer_generator,
     untrained_note,
 )
@@ -115,6 +116,7 @@ def run_campaign(
     check_installed(config.report_to)
     if generator is None and done_before < config.iterations:
         check_backend(config)  # before the campaign is touched
+    trained_on = trained_vector(config.training, problem)
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
     run: CampaignRun | None = None
@@ -128,7 +130,7 @@ def run_campaign(
             if run.reporter is not None and say:
                 say(f"reporting to {', '.join(config.report_to)} in {run.reporter.folder}")
             if store.missing_iterations(campaign_id, config.iterations):
-                run.trainer = start_trainer(config, store, campaign_id, name, run.objectives)
+                run.trainer = start_trainer(config, store, campaign_id, name, trained_on)
                 if generator is None and run.trainer is not None:
                     generator = trainer_generator(config, run.trainer)
                 elif generator is None:
@@ -141,7 +143,7 @@ def run_campaign(
             ):
                 # Killed after recording its last iteration, before training on the last
                 # groups: train on them now (no generator to start, nothing left to sample).
-                run.trainer = start_trainer(config, store, campaign_id, name, run.objectives)
+                run.trainer = start_trainer(config, store, campaign_id, name, trained_on)
                 if train_waiting_groups(run, None) and on_progress:
                     on_progress(config.iterations, run.progress)
             if config.training.train_every:

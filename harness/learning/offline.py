@@ -136,9 +136,17 @@ def train_offline(
 
     from trainer.distributed import Parallel
 
-    objectives = store.objectives(campaign_id)
-    stored = store.training_groups(campaign_id)
     training = settings.training
+    if training.vector == "cases":
+        objectives = store.cases(campaign_id)
+        if not objectives:
+            raise UserError(
+                f"campaign {campaign_id} in {store.where} stored no case scores to train on"
+                ' (vector = "cases"); use vector = "objectives"'
+            )
+    else:
+        objectives = store.objectives(campaign_id)
+    stored = store.training_groups(campaign_id)
     against = references(store, campaign_id, stored, objectives, training.reward_reference)
     groups = [
         g

@@ -54,11 +54,13 @@ from harness.learning.publish import (
 from harness.learning.rewards import references, to_group
 from harness.llm.choice import base_generator, resolve_backend
 from harness.observation.ledger import Ledger, timed
+from harness.records import CASE_PREFIX
 
 if TYPE_CHECKING:
     from harness.llm import Generator
     from harness.records import PolicyVersion, TrainingGroup
     from harness.store import Store
+    from problems.api import Problem
     from trainer.distributed import Parallel
     from trainer.policy import Policy
     from trainer.train import Group, StepMetrics, TrainConfig
@@ -165,6 +167,19 @@ class CampaignTrainer:
     # `vpo train --follow` only: also write each LoRA version merged, for workers that load
     # whole weights (not for workers on a server, which load the adapter).
     write_merged: bool = True
+
+
+def trained_vector(settings: TrainSettings, problem: Problem) -> list[str]:
+    """The score names a step trains on (`[training] vector`): the problem's objectives, or its
+    cases as stored (harness.records.CASE_PREFIX); UserError for cases a problem lacks."""
+    if settings.vector == "objectives" or not settings.train_every:
+        return [o.name for o in problem.objectives]
+    if not problem.cases:
+        raise UserError(
+            f'[training] vector = "cases": {problem.name} has no cases to train on; use '
+            '"objectives"'
+        )
+    return [CASE_PREFIX + case.name for case in problem.cases]
 
 
 def policy_folder(config: CampaignSettings, store: Store, campaign_name: str) -> Path:

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import case, func, literal, select, text
 
+from harness.records import is_case
 from harness.store.opening import Database
 from harness.store.tables import (
     EVENT,
@@ -42,11 +43,19 @@ _DISTINCT_OBJECTIVES = text(
 
 class Aggregates(Database):
     def objectives(self, campaign_id: int) -> list[str]:
-        """The objective names the campaign's programs were scored on, sorted.
+        """The objective names the campaign's programs were scored on, sorted; its problem's
+        cases (harness.records.CASE_PREFIX) left out: `cases` lists those.
 
         The distinct names come from the (objective, value) index by skipping from one name to
         the next (a handful of index seeks, not a scan of every score); each is then checked
         for a program of this campaign."""
+        return [name for name in self._score_names(campaign_id) if not is_case(name)]
+
+    def cases(self, campaign_id: int) -> list[str]:
+        """The case names (with their CASE_PREFIX) the campaign's programs were scored on."""
+        return [name for name in self._score_names(campaign_id) if is_case(name)]
+
+    def _score_names(self, campaign_id: int) -> list[str]:
         with self._reading() as connection:
             names = connection.execute(_DISTINCT_OBJECTIVES).scalars().all()
             return [

@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import func, inspect, select, update
 from sqlalchemy.engine import Connection
 
-from harness.records import IterationMeasures
+from harness.records import IterationMeasures, is_case
 from harness.store.opening import Database
 from harness.store.tables import GROUP, ID_BATCH, POLICY, PROGRAM, SCORE, TRAJECTORY
 from harness.store.versions import moved_weights
@@ -284,7 +284,9 @@ def _measure_groups(
         ):
             scores.setdefault(program_id, {})[objective] = value
     # An objective no program here has is 0 for all of them, which moves no distance.
-    objectives = sorted({name for by_name in scores.values() for name in by_name})
+    objectives = sorted(
+        {name for by_name in scores.values() for name in by_name if not is_case(name)}
+    )
     measured = {}
     for group_id, rollouts in groups.items():
         vectors = [

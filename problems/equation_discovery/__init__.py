@@ -286,6 +286,30 @@ def nmse(predictions: Any, target: np.ndarray, split: str) -> float:
 
 
 OBJECTIVES = ("fit_id", "fit_ood", "simplicity")
+# The cases (Problem.cases): test_id cut into RINGS parts of equal size by the distance of each
+# row's inputs from the training inputs' mean, in training standard deviations. Near the centre
+# an oscillator is nearly linear and a growth rate near its optimum; far out the nonlinear terms
+# dominate: an equation that captures one regime scores on its part. Each part's NMSE is
+# against its own variance, on fit_id's log scale.
+RINGS = 4
+
+
+@cache
+def rings(key: str) -> tuple[np.ndarray, ...]:
+    """The rows of test_id in each ring, nearest the centre first (disjoint, all rows)."""
+    data = dataset(key)
+    train = data["train"].inputs
+    scale = np.where(train.std(axis=0) > 0, train.std(axis=0), 1.0)
+    distance = np.linalg.norm((data["test_id"].inputs - train.mean(axis=0)) / scale, axis=1)
+    order = np.argsort(distance, kind="stable")
+    parts = tuple(np.sort(part) for part in np.array_split(order, RINGS))
+    for part in parts:
+        part.flags.writeable = False
+    return parts
+
+
+def ring_name(index: int) -> str:
+    return f"id_ring{index + 1}"
 
 
 class EquationDiscovery(Problem):
@@ -318,6 +342,19 @@ class EquationDiscovery(Problem):
                 " for an equation no better than predicting the mean, all of it from an"
                 f" in-domain NMSE of {self.simplicity_gate:.3g}",
             ),
+        )
+        self.cases = tuple(
+            LogFit(
+                ring_name(i),
+                "min",
+                fit_id.best_known,
+                fit_id.source,
+                f"in-domain NMSE on ring {i + 1} of {RINGS} of test_id (rows by distance from the"
+                " training inputs' mean, in standard deviations; nearest first), against the"
+                " ring's own variance, on fit_id's log scale",
+                zero=fit_id.zero,
+            )
+            for i in range(RINGS)
         )
         names = [name for name, _ in spec.inputs]
         example = f"params[0] * {names[0]} ** 2 + params[1] * np.sin({names[-1]})"
@@ -373,7 +410,8 @@ class EquationDiscovery(Problem):
     def calls(self) -> tuple[Call, ...]:
         train = dataset(self.spec.key)["train"]
         args = (train.inputs, train.target, MAXITER)
-        return (Call("fit", args, OBJECTIVES, entry="_vpo_ed_fit"),)
+        cases = tuple(case.name for case in self.cases)
+        return (Call("fit", args, OBJECTIVES, entry="_vpo_ed_fit", cases=cases),)
 
     def follow_up(self, call: Call, value: Any, code: str) -> Call | None:
         """After the fit, the predictions: a fresh process gets the ten constants the fit
@@ -398,7 +436,10 @@ class EquationDiscovery(Problem):
         equation = self.read(code)
         fitted = Fitted(mse, None if equation is None else equation.size)
         args = (params.astype(np.float64), *inputs)
-        return Call("predict", args, OBJECTIVES, entry="_vpo_ed_predict", context=fitted)
+        cases = tuple(case.name for case in self.cases)
+        return Call(
+            "predict", args, OBJECTIVES, entry="_vpo_ed_predict", context=fitted, cases=cases
+        )
 
     def score(self, call: Call, value: Any) -> Mapping[str, float]:
         fitted = call.context
@@ -417,10 +458,16 @@ class EquationDiscovery(Problem):
                 f" params gives {nmse_train:.6g} in a fresh process; it must compute the same"
                 " values in both"
             )
-        nmse_id = nmse(value["test_id"], data["test_id"].target, "test_id")
+        target_id = data["test_id"].target
+        nmse_id = nmse(value["test_id"], target_id, "test_id")
         nmse_ood = nmse(value["test_ood"], data["test_ood"].target, "test_ood")
         simple = grammar.simplicity(fitted.size) * earned(nmse_id, self.simplicity_gate)
-        return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simple}
+        # nmse() has checked every prediction: the rings are parts of the same array.
+        cases = {
+            ring_name(i): nmse(value["test_id"][rows], target_id[rows], f"test_id ring {i + 1}")
+            for i, rows in enumerate(rings(self.spec.key))
+        }
+        return {"fit_id": nmse_id, "fit_ood": nmse_ood, "simplicity": simple, **cases}
 
 
 def earned(nmse_id: float, gate: float) -> float:
