@@ -1,6 +1,7 @@
 """How much a campaign's reward vector trades off: do its parts move together?
 
-    python benchmarks/reward_geometry.py [PATH ...] [--weightings 100] [--out FILE.md]
+    python benchmarks/reward_geometry.py [PATH ...] [--vector objectives|cases]
+        [--weightings 100] [--out FILE.md]
 
 VPO rewards a rollout by the mean, over Dirichlet(1) weightings w of the objectives, of its best
 candidate under w. When the parts of the vector move together, the same candidate is best under
@@ -14,9 +15,10 @@ components are nearly collinear (arXiv 2605.22817). Measured per campaign:
   whose best candidate changes with the weighting (over `--weightings` fixed draws of w); the
   rollouts with two or more scored candidates, for scale.
 
-PATH: a campaign database (SQLite), a folder of them (every *.db), or a run summary
-(`*.run.json`, benchmarks/discovery.py's) or a folder of those; with no PATH, every grid under
-benchmarks/results/discovery/. Prints a table and writes it to
+`--vector cases`: the same over the problem's case scores (`[training] vector = "cases"`), in
+the databases that stored them. PATH: a campaign database (SQLite), a folder of them (every
+*.db), or a run summary (`*.run.json`, benchmarks/discovery.py's) or a folder of those; with no
+PATH, every grid under benchmarks/results/discovery/. Prints a table and writes it to
 benchmarks/results/reward_geometry.md. It reads; nothing else should matter.
 """
 
@@ -122,12 +124,17 @@ def of_rollouts(
     )
 
 
-def of_database(path: Path, count: int) -> Geometry:
+def of_database(path: Path, count: int, vector: str = "objectives") -> Geometry:
     from harness.store import Store
 
     with Store.open(str(path), read_only=True) as store:
         campaign = store.campaigns()[0]
-        objectives = store.objectives(campaign.id)
+        if vector == "cases":
+            objectives = store.cases(campaign.id)
+            if not objectives:
+                raise SystemExit(f"{path} stored no case scores")
+        else:
+            objectives = store.objectives(campaign.id)
         groups = store.training_groups(campaign.id)
     rollouts = [
         scored_candidates(rollout, objectives) for group in groups for rollout in group.rollouts
@@ -135,9 +142,11 @@ def of_database(path: Path, count: int) -> Geometry:
     return of_rollouts(_label(path), objectives, rollouts, count)
 
 
-def of_summary(path: Path, count: int) -> Geometry:
+def of_summary(path: Path, count: int, vector: str = "objectives") -> Geometry:
     """A run summary: from its rollouts where it kept them, else its valid programs' vectors
     (correlations only)."""
+    if vector == "cases":
+        raise SystemExit(f"{path}: a run summary keeps no case scores; pass its database")
     fields = summary_fields(path)
     objectives = fields["objectives"]
     if fields.get("rollout_scores") is not None:
@@ -218,13 +227,16 @@ def _share(row: Geometry) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="*", type=Path)
+    parser.add_argument("--vector", choices=("objectives", "cases"), default="objectives")
     parser.add_argument("--weightings", type=int, default=WEIGHTINGS)
     parser.add_argument("--out", type=Path, default=RESULTS / "reward_geometry.md")
     args = parser.parse_args()
     if args.weightings < 1:
         parser.error("--weightings must be at least 1")
     read = {".db": of_database}
-    rows = [read.get(p.suffix, of_summary)(p, args.weightings) for p in sources(args.paths)]
+    rows = [
+        read.get(p.suffix, of_summary)(p, args.weightings, args.vector) for p in sources(args.paths)
+    ]
     if not rows:
         raise SystemExit("no database or run summary found")
     command = "python benchmarks/reward_geometry.py " + " ".join(sys.argv[1:])

@@ -104,11 +104,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     from harness.evolution.loop import run_campaign
+    from harness.learning.steps import trained_vector
 
     if args.problem:  # before any database is opened or created
         program_problem(args.problem)
 
     config, problem, store, stored = effective_config(args)
+    trained_vector(config.training, problem)  # a vector the problem lacks: before "created"
     logs.attach_file(store.where, args.log_dir)
     name = config.name or problem.name
     logs.say(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")
