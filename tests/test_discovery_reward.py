@@ -29,8 +29,11 @@ from trainer.advantages import (
 from trainer.train import Group, Rollout, TrainConfig
 
 
-def plain_set_scores(scores, mask, weights, reference=None, reference_mask=None, cost=None):
-    """E_w[max(0, max_c w . r_c - max_p w . ref_p)] - cost, one number at a time."""
+def plain_set_scores(
+    scores, mask, weights, reference=None, reference_mask=None, cost=None, signed=False
+):
+    """E_w[max(0, max_c w . r_c - max_p w . ref_p)] - cost, one number at a time (`signed`:
+    the gain without the max(0, ...))."""
     batch, group, m, _ = scores.shape
     out = np.zeros((batch, group))
     for b, g in product(range(batch), range(group)):
@@ -44,7 +47,8 @@ def plain_set_scores(scores, mask, weights, reference=None, reference_mask=None,
                     for p in range(reference.shape[1])
                     if reference_mask[b, p]
                 ]
-                best = max(0.0, best - (max(known) if known else 0.0))
+                best = best - (max(known) if known else 0.0)
+                best = best if signed else max(0.0, best)
             total += best
         out[b, g] = total / len(weights[b]) - (0.0 if cost is None else cost[b, g])
     return out
@@ -80,6 +84,17 @@ def test_the_set_score_against_a_reference_is_the_r2_gain(batch, group, m, d, ro
     )
     expected = plain_set_scores(scores, mask, weights, reference, reference_mask, cost)
     assert np.allclose(got.numpy(), expected, atol=1e-12)
+    signed = set_scores(
+        as_tensor(scores),
+        as_tensor(mask),
+        weights=as_tensor(weights),
+        reference=as_tensor(reference),
+        reference_mask=as_tensor(reference_mask),
+        cost=as_tensor(cost),
+        signed=True,
+    )
+    expected = plain_set_scores(scores, mask, weights, reference, reference_mask, cost, signed=True)
+    assert np.allclose(signed.numpy(), expected, atol=1e-12)
     absolute = set_scores(as_tensor(scores), as_tensor(mask), weights=as_tensor(weights))
     assert np.allclose(absolute.numpy(), plain_set_scores(scores, mask, weights), atol=1e-12)
     # A reference of no rows (an island that held nothing yet) is the absolute score.
@@ -109,6 +124,34 @@ def test_a_set_that_only_restates_the_front_earns_nothing() -> None:
     assert gains[2] > 0  # (0.95, 0.2) dominates (0.9, 0.1)
     advantages, _ = vpo_advantages(scores, mask, reference=front, num_weights=2000)
     assert advantages[0, 0] < 0 < advantages[0, 2]
+
+
+def test_a_signed_gain_ranks_the_rollouts_that_do_not_beat_their_parent() -> None:
+    """Parent (0.5, 0.5): a rollout below it by 0.1 everywhere, one that repeats it, one with
+    no real candidate and one above it by 0.1. Clipped, the first three earn 0 alike; signed,
+    each earns its difference under every weighting, so they rank."""
+    parent = torch.tensor([[[0.5, 0.5]]], dtype=torch.float64)
+    scores = torch.tensor(
+        [[[[0.4, 0.4]], [[0.5, 0.5]], [[0.0, 0.0]], [[0.6, 0.6]]]], dtype=torch.float64
+    )
+    mask = torch.tensor([[[True], [True], [False], [True]]])
+    clipped = set_scores(scores, mask, reference=parent, num_weights=50)
+    signed = set_scores(scores, mask, reference=parent, num_weights=50, signed=True)
+    assert clipped.squeeze(0).tolist() == pytest.approx([0.0, 0.0, 0.0, 0.1])
+    assert signed.squeeze(0).tolist() == pytest.approx([-0.1, 0.0, -0.5, 0.1])
+    config = TrainConfig(advantage="vpo", signed_gain=True)
+    groups = [
+        Group(
+            rollouts=[Rollout((1,), (2,), None)] * 4,
+            scores=scores[0].numpy(),
+            mask=mask[0].numpy(),
+            reference=parent[0].numpy(),
+        )
+    ]
+    advantages = compute_advantages(groups, config).per_rollout
+    assert advantages[2] < advantages[0] < advantages[1] < advantages[3]
+    flat = compute_advantages(groups, TrainConfig(advantage="vpo")).per_rollout
+    assert flat[0] == flat[1] == flat[2] < flat[3]
 
 
 def plain_entropic(rewards: np.ndarray, budget: float) -> tuple[float, np.ndarray]:
@@ -285,6 +328,8 @@ def test_the_reward_scale_benchmark_reads_a_campaign(database: str, tmp_path) ->
         ({"kl_budget": 0.0}, "kl_budget"),
         ({"warmup_samples": -1}, "warmup_samples"),
         ({"advantage": "grpo", "candidates": 1, "reward_reference": "parent"}, "vpo or entropic"),
+        ({"gain": "signed"}, "gain"),
+        ({"gain": "both", "reward_reference": "parent"}, "gain"),
     ],
 )
 def test_a_bad_reward_setting_is_one_line(settings: dict, words: str) -> None:

@@ -71,6 +71,7 @@ def set_scores(
     reference: Tensor | None = None,
     reference_mask: Tensor | None = None,
     cost: Tensor | None = None,
+    signed: bool = False,
 ) -> Tensor:
     """(B, G): each rollout's set score E_w[max_c w . r_c], the R2 indicator of its candidates
     under w ~ Dirichlet(alpha); a rollout without a real candidate scores 0. `weights` (B, K, d)
@@ -82,6 +83,9 @@ def set_scores(
     the R2 gain over it, E_w[max(0, max_c w . r_c - max_p w . ref_p)]: what the candidates add
     beyond what is known under each w, 0 for a set that only restates it. A group without a
     real reference row is measured against 0, which is the absolute score (scores are >= 0).
+    `signed`: the gain is not clipped at 0, E_w[max_c w . r_c - max_p w . ref_p], so a set that
+    falls short of the reference ranks by how far (a rollout without a real candidate counts as
+    one scoring 0): a denser signal where few rollouts beat what is known.
     `cost` (B, G) is then subtracted (a rollout's wasted candidate slots)."""
     batch, group, _, dims = _check(scores, mask)
     if weights is None:
@@ -117,7 +121,8 @@ def set_scores(
         known = products[:, rows:].masked_fill(~reference_mask.unsqueeze(-1), -math.inf)
         known = known.amax(dim=1)
         known = torch.where(torch.isfinite(known), known, torch.zeros_like(known))  # (B, K)
-        best = (best - known.unsqueeze(1)).clamp_min(0)
+        best = best - known.unsqueeze(1)
+        best = best if signed else best.clamp_min(0)
     result = best.mean(dim=-1)
     if cost is not None:
         if cost.shape != (batch, group):
@@ -382,6 +387,7 @@ def compute_advantages(
     if config.advantage in ("vpo", "entropic"):
         options = {"num_weights": config.num_weights, "alpha": config.alpha}
         options["generator"] = generator
+        options["signed"] = config.signed_gain
         if config.advantage == "entropic":
             options["budget"] = config.kl_budget
     elif config.advantage == "rw_grpo":

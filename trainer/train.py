@@ -120,6 +120,8 @@ class TrainConfig:
     k: int | None = None  # max@k's k; default max(2, G // 2)
     # entropic: KL(q || uniform) of each group's weights q = softmax(beta R) (TTT-Discover's ln 2)
     kl_budget: float = math.log(2)
+    # vpo, entropic against a reference: the gain over it unclipped (`set_scores`' `signed`)
+    signed_gain: bool = False
     loss: LossConfig = field(default_factory=LossConfig)
     micro_batch: int = 8  # rollouts per forward/backward
     logit_chunk: int = 2048  # completion tokens per chunk of the vocabulary projection

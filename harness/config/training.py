@@ -18,6 +18,7 @@ FORMAT_REWARDS = ("partial", "whole")
 # What a group's set score is measured against (harness/learning/rewards.py `references`).
 REFERENCES = ("none", "parent", "island", "campaign")
 VECTORS = ("objectives", "cases")
+GAINS = ("clipped", "signed")
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 SWITCHES = ("auto", "on", "off")
@@ -29,7 +30,7 @@ DEFAULT_MODEL = "smollm2"
 # What a rollout is paid by (harness/learning/rewards.py `to_group`): offline training on a
 # campaign's groups scores them by the campaign's rules.
 REWARD_RULES = ("duplicate_reward", "format_reward", "overlong_buffer", "reward_reference",
-                "slot_cost", "vector")  # fmt: skip
+                "slot_cost", "vector", "gain")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,16 @@ class TrainSettings:
         "cases, where it has them) ({default})",
         group=TRAINING,
     )
+    # What a rollout earns against its reference: the gain clipped at 0 (a set that does no
+    # better than its parent earns 0, however far below it falls) or signed (the gain or the
+    # loss, so rollouts that do not beat their parent still rank: a denser signal where 93%
+    # of rollouts gain nothing, benchmarks/results/discovery_46.md).
+    gain: str = setting(
+        "clipped",
+        "what a rollout earns against its reward_reference: clipped (the gain, 0 at worst) or "
+        "signed (the gain or the loss) ({default})",
+        group=TRAINING,
+    )
     # Each rollout loses this times the share of its m candidate slots that brought nothing
     # (missing, unparsed, lazy, failed, or a repeat within the rollout); 0: off.
     slot_cost: float = setting(
@@ -222,6 +233,13 @@ class TrainSettings:
         require(self.overlong_buffer >= 0, "overlong_buffer", "a whole number >= 0 (0: off)")
         require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
         require(self.vector in VECTORS, "vector", " or ".join(VECTORS))
+        require(self.gain in GAINS, "gain", " or ".join(GAINS))
+        require(
+            self.gain == "clipped" or self.reward_reference != "none",
+            "gain",
+            "clipped unless reward_reference is parent, island or campaign (a signed gain is "
+            "measured against something)",
+        )
         require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
         measured = self.train_every and (self.reward_reference != "none" or self.slot_cost > 0)
         require(

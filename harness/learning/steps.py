@@ -109,6 +109,7 @@ def load_policy(
     step = TrainConfig(
         advantage=settings.advantage,
         kl_budget=settings.kl_budget,
+        signed_gain=settings.gain == "signed",
         num_weights=settings.dirichlet_weights,
         alpha=settings.dirichlet_alpha,
         loss=LossConfig(beta=settings.kl_beta),
