@@ -159,3 +159,90 @@ def test_the_vector_setting() -> None:
     with pytest.raises(UserError, match="vector") as info:
         build({"problem": "equation_discovery", "train_every": 1, "vector": "rings"})
     assert "\n" not in str(info.value)
+
+
+# --- parents by epsilon-lexicase over the cases (issue 58, item 4) -----------------------------
+
+
+def _population(names: list[str], vectors: list[list[float]], valid: list[bool] | None = None):
+    from harness.evolution.population import Population
+
+    population = Population(names)
+    population.extend(
+        list(range(1, len(vectors) + 1)),
+        [0] * len(vectors),
+        vectors,
+        valid=valid or [True] * len(vectors),
+        code_hashes=[f"h{i}" for i in range(len(vectors))],
+    )
+    return population
+
+
+def test_lexicase_keeps_the_specialists_that_a_weighting_passes_over() -> None:
+    """A generalist (0.6 on every case) and three specialists (0.9 on one, 0.1 on the rest):
+    under a random weighting the generalist is best unless one weight exceeds 0.625 (a chance
+    of 0.42 under Dirichlet(1, 1, 1)); under lexicase the first case decides (epsilon, the
+    median absolute deviation, is 0.25), so each specialist wins a third and the generalist
+    never does."""
+    from harness.evolution.selection import pick_parent, pick_parent_lexicase
+
+    vectors = [[0.6, 0.6, 0.6], [0.9, 0.1, 0.1], [0.1, 0.9, 0.1], [0.1, 0.1, 0.9]]
+    cases = _population(["r1", "r2", "r3"], vectors)
+    rng = np.random.default_rng(0)
+    lexicase = np.bincount([pick_parent_lexicase(cases, 0, rng) for _ in range(900)], minlength=5)
+    assert lexicase[1] == 0
+    assert all(240 < count < 360 for count in lexicase[2:]), lexicase
+    scalarised = np.bincount([pick_parent(cases, 0, rng) for _ in range(900)], minlength=5)
+    assert scalarised[1] > 400, scalarised
+    again = [pick_parent_lexicase(cases, 0, np.random.default_rng(5)) for _ in range(3)]
+    assert len(set(again)) == 1  # one seed, one pick
+
+
+def test_lexicase_takes_only_valid_programs_and_falls_back_like_scalarised() -> None:
+    from harness.evolution.selection import pick_parent_lexicase
+
+    cases = _population(["r1", "r2"], [[0.9, 0.9], [0.1, 0.1]], valid=[False, True])
+    rng = np.random.default_rng(0)
+    assert {pick_parent_lexicase(cases, 0, rng) for _ in range(50)} == {2}
+    assert {pick_parent_lexicase(cases, 3, rng) for _ in range(50)} == {2}  # an empty island
+    broken = _population(["r1", "r2"], [[0.0, 0.0]], valid=[False])
+    assert pick_parent_lexicase(broken, 0, rng) == 1  # nothing valid: the failure, to repair
+
+
+def test_a_lexicase_campaign_keeps_its_cases_beside_its_population(tmp_path, sandbox) -> None:
+    """prepare() evaluates the seed through the real sandbox; the programs stored after it
+    reach the case population with the same ids and their case scores."""
+    from harness.evolution.loop import open_campaign, prepare
+    from harness.evolution.run import refresh_population
+
+    config = build({"problem": "equation_discovery", "parent_selection": "lexicase"})
+    problem = EquationDiscovery("oscillator1")
+    store = Store.open(str(tmp_path / "lexicase.db"))
+    campaign = open_campaign(store, config, problem)
+    run = prepare(config, store, problem, campaign, sandbox)
+    assert run.cases is not None
+    assert run.cases.objectives == tuple(CASE_PREFIX + c.name for c in problem.cases)
+    assert run.cases.scores[0].min() > 0.05  # the seed's rings, from its real evaluation
+    store.record_iteration(
+        campaign,
+        NewGroup(
+            iteration=0,
+            island=0,
+            parent_id=run.seed_id,
+            draft_ids=(),
+            prompt=[{"role": "user", "content": "improve"}],
+            prompt_token_ids=[5],
+            rollouts=[
+                _rollout(
+                    CandidateRecord(
+                        1, "new", new_program("a", _evaluation(0.3, [0.5, 0.1, 0.2, 0.3]))
+                    )
+                )
+            ],
+        ),
+    )
+    refresh_population(run)
+    assert run.cases.ids.tolist() == run.population.ids.tolist() == [1, 2]
+    assert run.cases.scores[1].tolist() == [0.5, 0.1, 0.2, 0.3]
+    assert run.population.scores[1].tolist() == [0.3, 0.15, 0.5]
+    store.close()

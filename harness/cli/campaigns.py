@@ -104,13 +104,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     from harness.evolution.loop import run_campaign
+    from harness.evolution.run import stored_cases
     from harness.learning.steps import trained_vector
 
     if args.problem:  # before any database is opened or created
         program_problem(args.problem)
 
     config, problem, store, stored = effective_config(args)
-    trained_vector(config.training, problem)  # a vector the problem lacks: before "created"
+    # Cases the problem lacks: said before "created"
+    trained_vector(config.training, problem)
+    if config.parent_selection == "lexicase":
+        stored_cases(problem, 'parent_selection = "lexicase"')
     logs.attach_file(store.where, args.log_dir)
     name = config.name or problem.name
     logs.say(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")

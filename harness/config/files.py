@@ -27,7 +27,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "sampling": (
         "group_size", "candidates", "temperature", "top_p", "top_k", "max_tokens", "form"
     ),
-    "evolution": ("islands", "migration_interval", "drafts", "near_duplicate"),
+    "evolution": ("islands", "migration_interval", "drafts", "near_duplicate", "parent_selection"),
     "evaluation": ("workers", "time_limit"),
     "training": tuple(TRAINING_KEYS),  # the campaign's `training`, a TrainSettings
     "reporting": ("report_to", "tracker_dir"),

@@ -45,6 +45,7 @@ from harness.config.values import (
 BACKENDS = ("auto", "transformers", "vllm", "openai")
 STRATEGIES = ("evolve", "best-of-n")
 FORMS = ("program", "compact")  # what a candidate is (problems.api.Compact)
+PARENT_SELECTIONS = ("scalarised", "lexicase")
 # Programs shown beside the parent, at most: small models have small contexts.
 MAX_DRAFTS = 4
 # Iterations in flight when `concurrency` is 0, by backend: measured on the embedded model
@@ -132,6 +133,14 @@ class CampaignSettings:
     islands: int = setting(4, "islands ({default})")
     migration_interval: int = setting(20, "iterations between migrations ({default})")
     drafts: int = setting(3, f"drafts beside the parent ({{default}}; at most {MAX_DRAFTS})")
+    # How a parent is picked: "scalarised" (the best under a random weighting of the
+    # objectives, harness/evolution/selection.py) or "lexicase" (epsilon-lexicase over the
+    # problem's cases: La Cava, Spector and Danai, GECCO 2016).
+    parent_selection: str = setting(
+        "scalarised",
+        "how a parent is picked: scalarised (the best under a random weighting of the "
+        "objectives) or lexicase (epsilon-lexicase over the problem's cases) ({default})",
+    )
     # A candidate whose text (comments and layout dropped) is this similar to one of its
     # island's newest programs is not evaluated (harness.evolution.novelty); 1: off.
     near_duplicate: float = setting(
@@ -193,6 +202,11 @@ class CampaignSettings:
         require(self.islands >= 1, "islands", "a whole number >= 1")
         require(self.migration_interval >= 1, "migration_interval", "a whole number >= 1")
         require(0 <= self.drafts <= MAX_DRAFTS, "drafts", f"a whole number from 0 to {MAX_DRAFTS}")
+        require(
+            self.parent_selection in PARENT_SELECTIONS,
+            "parent_selection",
+            " or ".join(PARENT_SELECTIONS),
+        )
         require(self.workers >= 0, "workers", "a whole number >= 0")
         require(0 <= self.concurrency <= 1024, "concurrency", "a whole number from 0 to 1024")
         require(self.context_tokens >= 0, "context_tokens", "a whole number >= 0 (0: the model's)")

@@ -230,7 +230,7 @@ def _select(
     if run.config.strategy == "best-of-n":
         # The baseline: the same prompt every time, so evolution's gain can be measured.
         return Selection(island=0, parent_id=run.seed_id, draft_ids=())
-    return select(run.population, iteration, rng, config)
+    return select(run.population, iteration, rng, config, run.cases)
 
 
 def _migrations(

@@ -35,7 +35,7 @@ from harness.evolution.iteration import (
 from harness.evolution.novelty import Novelty
 from harness.evolution.population import Population
 from harness.evolution.recording import evaluate_and_store
-from harness.evolution.run import CampaignRun, refresh_population
+from harness.evolution.run import CampaignRun, refresh_population, stored_cases
 from harness.learning.steps import (
     start_trainer,
     train_next_version,
@@ -117,6 +117,8 @@ def run_campaign(
     if generator is None and done_before < config.iterations:
         check_backend(config)  # before the campaign is touched
     trained_on = trained_vector(config.training, problem)
+    if config.parent_selection == "lexicase":
+        stored_cases(problem, 'parent_selection = "lexicase"')  # before the campaign is touched
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
     run: CampaignRun | None = None
@@ -202,6 +204,8 @@ def prepare(
         Novelty(problem.entry, problem.family, config.near_duplicate),
         compact=compact,
     )
+    if config.parent_selection == "lexicase":
+        run.cases = Population(stored_cases(problem, 'parent_selection = "lexicase"'))
     refresh_population(run)
     return run
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from harness.config.errors import UserError
 from harness.config.settings import CampaignSettings
 from harness.evaluation.calls import Limits
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.novelty import Novelty
 from harness.evolution.population import Population
 from harness.observation.progress import Progress
+from harness.records import CASE_PREFIX
 from harness.store import Store
 from problems.api import Compact, Problem
 
@@ -43,15 +45,29 @@ class CampaignRun:
     reporter: Reporter | None = None  # set when the campaign reports to trackers (report_to)
     spend: Spend | None = None  # the tokens stored and in flight, when budgeted or priced
     compact: Compact | None = None  # the problem's compact form, when `form = "compact"`
+    # The same programs' case scores (harness.records.CASE_PREFIX names), when parents are
+    # picked by lexicase over them (`parent_selection = "lexicase"`).
+    cases: Population | None = None
+
+
+def stored_cases(problem: Problem, setting: str) -> list[str]:
+    """The names `problem`'s cases are stored under (harness.records.CASE_PREFIX); a one-line
+    UserError naming `setting` when it has none."""
+    if not problem.cases:
+        raise UserError(f"{setting}: {problem.name} has no cases (problems.api.Problem.cases)")
+    return [CASE_PREFIX + case.name for case in problem.cases]
 
 
 def refresh_population(run: CampaignRun) -> None:
     """Append the programs stored since the last refresh (by this or any other process), and
     remember their trees, families and texts (`run.novelty`)."""
     after = run.last_program_id
-    ids, islands, valid, scores, hashes = run.store.program_vectors(
-        run.campaign_id, run.objectives, after_id=after
+    # One read for the objectives and the cases: the same programs in both.
+    cases = list(run.cases.objectives) if run.cases is not None else []
+    ids, islands, valid, both, hashes = run.store.program_vectors(
+        run.campaign_id, run.objectives + cases, after_id=after
     )
+    scores, case_scores = both[:, : len(run.objectives)], both[:, len(run.objectives) :]
     if not len(ids):
         return
     for program in run.store.iter_programs(run.campaign_id, after=after):
@@ -59,6 +75,8 @@ def refresh_population(run: CampaignRun) -> None:
             break  # stored since the vectors were read: the next refresh takes it
         run.novelty.add(program.code, program.code_hash, program.island)
     run.population.extend(ids, islands, scores, valid=valid, code_hashes=hashes)
+    if run.cases is not None:
+        run.cases.extend(ids, islands, case_scores, valid=valid, code_hashes=hashes)
     if valid.any():
         best = run.progress.best
         for name, value in zip(run.objectives, scores[valid].max(axis=0), strict=True):

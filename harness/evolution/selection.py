@@ -89,11 +89,19 @@ class Selection:
 
 
 def select(
-    pop: Population, iteration: int, rng: np.random.Generator, config: SelectionConfig
+    pop: Population,
+    iteration: int,
+    rng: np.random.Generator,
+    config: SelectionConfig,
+    cases: Population | None = None,
 ) -> Selection:
-    """Island, parent and drafts for one iteration."""
+    """Island, parent and drafts for one iteration; with `cases` (the same programs' case
+    scores), the parent by epsilon-lexicase over them."""
     island = island_for(iteration, config.islands)
-    parent = pick_parent(pop, island, rng, top_k=config.top_k, temperature=config.temperature)
+    if cases is not None:
+        parent = pick_parent_lexicase(cases, island, rng)
+    else:
+        parent = pick_parent(pop, island, rng, top_k=config.top_k, temperature=config.temperature)
     drafts = pick_drafts(
         pop, parent, rng, config.drafts, top_k=config.top_k, temperature=config.temperature
     )
@@ -117,13 +125,36 @@ def pick_parent(
     top_k: int = 8,
     temperature: float = 0.02,
 ) -> int:
-    """Id of a parent from `island`, best under a random weighting w ~ Dirichlet(1).
+    """Id of a parent from `island`, best under a random weighting w ~ Dirichlet(1), among the
+    programs `_competing` names (its valid programs, with fallbacks)."""
+    rows, block = _competing(pop, island)
+    u = _weights(rng, len(pop.objectives)) @ block  # (n,)
+    return int(pop.ids[rows[_pick_best(u, rng, top_k, temperature)]])
 
-    Only valid programs (status ok) compete. When the island has none, valid programs from
-    every island do (an island starts empty, or lost its line to errors); when nothing in the
-    campaign is valid, all programs of the island (else all) do, so the model sees a failure
-    with its feedback and can repair it.
-    """
+
+def pick_parent_lexicase(cases: Population, island: int, rng: np.random.Generator) -> int:
+    """Id of a parent from `island` by epsilon-lexicase selection over its case scores (La Cava,
+    Spector and Danai, GECCO 2016): the cases in a random order, each keeping the programs
+    within epsilon of the best that remain, epsilon the case's median absolute deviation over
+    the competing programs; a random one of those left. A program that excels on one case
+    survives when that case comes first, whatever its mean: specialists stay parents. The
+    same programs compete as for `pick_parent`."""
+    rows, block = _competing(cases, island)  # (n,), (k, n)
+    spread = np.median(np.abs(block - np.median(block, axis=1, keepdims=True)), axis=1)
+    alive = np.arange(len(rows))
+    for case in rng.permutation(len(block)):
+        values = block[case, alive]
+        alive = alive[values >= values.max() - spread[case]]
+        if len(alive) == 1:
+            break
+    return int(cases.ids[rows[alive[rng.integers(len(alive))]]])
+
+
+def _competing(pop: Population, island: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (n,) and scores (d, n) of the programs that compete for parenthood on `island`:
+    its valid programs; when it has none, valid programs from every island (an island starts
+    empty, or lost its line to errors); when nothing in the campaign is valid, all programs of
+    the island (else all), so the model sees a failure with its feedback and can repair it."""
     if len(pop) == 0:
         raise ValueError("the population is empty; add the seed program first")
     rows, block = pop.valid_on(island)
@@ -135,8 +166,7 @@ def pick_parent(
             if len(rows):
                 break
         block = pop.scores[rows].T
-    u = _weights(rng, len(pop.objectives)) @ block  # (n,)
-    return int(pop.ids[rows[_pick_best(u, rng, top_k, temperature)]])
+    return rows, block
 
 
 def pick_drafts(

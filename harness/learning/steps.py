@@ -54,7 +54,6 @@ from harness.learning.publish import (
 from harness.learning.rewards import references, to_group
 from harness.llm.choice import base_generator, resolve_backend
 from harness.observation.ledger import Ledger, timed
-from harness.records import CASE_PREFIX
 
 if TYPE_CHECKING:
     from harness.llm import Generator
@@ -173,14 +172,11 @@ class CampaignTrainer:
 def trained_vector(settings: TrainSettings, problem: Problem) -> list[str]:
     """The score names a step trains on (`[training] vector`): the problem's objectives, or its
     cases as stored (harness.records.CASE_PREFIX); UserError for cases a problem lacks."""
+    from harness.evolution.run import stored_cases
+
     if settings.vector == "objectives" or not settings.train_every:
         return [o.name for o in problem.objectives]
-    if not problem.cases:
-        raise UserError(
-            f'[training] vector = "cases": {problem.name} has no cases to train on; use '
-            '"objectives"'
-        )
-    return [CASE_PREFIX + case.name for case in problem.cases]
+    return stored_cases(problem, '[training] vector = "cases"')
 
 
 def policy_folder(config: CampaignSettings, store: Store, campaign_name: str) -> Path:
