@@ -94,13 +94,15 @@ STDERR_TAIL_LINES = 3
 RUN_SETTINGS = {
     "model": "qwen-coder", "backend": "auto", "concurrency": 8, "group_size": 4,
     "max_tokens": 320, "temperature": 1.0, "iterations": 1000, "token_budget": 4000,
-    "drafts": 0, "form": "program",
+    "drafts": 0, "form": "program", "parent_selection": "scalarised",
 }  # fmt: skip
 TRAINED_SETTINGS = {
     "train_every": 8, "lora_rank": 16, "learning_rate": 1e-5, "kl_beta": 0.0,
-    "micro_batch": 8, "format_reward": "partial", "overlong_buffer": 0,
+    "micro_batch": 8, "format_reward": "partial", "overlong_buffer": 0, "vector": "objectives",
 }  # fmt: skip
-DISCOVERY_SETTINGS = {"reward_reference": "parent", "slot_cost": 0.03, "warmup_samples": 0}
+DISCOVERY_SETTINGS = {
+    "reward_reference": "parent", "slot_cost": 0.03, "warmup_samples": 0, "gain": "clipped",
+}  # fmt: skip
 
 
 def run_command(arm: str, seed: int, args: argparse.Namespace, db: Path) -> list[str]:

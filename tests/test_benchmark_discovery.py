@@ -293,14 +293,22 @@ def test_the_discovery_reward_arms_pass_their_reward_and_vpo_keeps_the_papers() 
         concurrency=1, group_size=4, max_tokens=160, temperature=1.0, iterations=10,
         token_budget=100, drafts=0, form="compact", micro_batch=4, format_reward="partial",
         overlong_buffer=0, train_every=1, lora_rank=16, learning_rate=1e-4, kl_beta=0.0,
-        reward_reference="campaign", slot_cost=0.05, warmup_samples=0,
+        reward_reference="campaign", slot_cost=0.05, warmup_samples=0, gain="signed",
+        vector="cases", parent_selection="lexicase",
     )  # fmt: skip
     for arm, advantage in (("vpo_front", "vpo"), ("entropic", "entropic")):
         command = discovery.run_command(arm, 0, parser_args, Path("/tmp/x.db"))
         at = command.index("--reward-reference")
         assert command[at : at + 4] == ["--reward-reference", "campaign", "--slot-cost", "0.05"]
         assert command[command.index("--advantage") + 1] == advantage
-    assert "--reward-reference" not in discovery.run_command("vpo", 0, parser_args, Path("x.db"))
+        assert command[command.index("--gain") + 1] == "signed"
+        assert command[command.index("--vector") + 1] == "cases"
+    papers = discovery.run_command("vpo", 0, parser_args, Path("x.db"))
+    assert "--reward-reference" not in papers and "--gain" not in papers
+    assert papers[papers.index("--vector") + 1] == "cases"  # every trained arm, one vector
+    untrained = discovery.run_command("none", 0, parser_args, Path("x.db"))
+    assert "--vector" not in untrained
+    assert untrained[untrained.index("--parent-selection") + 1] == "lexicase"
 
 
 def test_the_discovery_reward_arms_are_paired_against_grpo_and_the_papers_vpo_too() -> None:
