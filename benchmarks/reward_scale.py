@@ -92,7 +92,7 @@ def measure(db: str, scopes: list[str]) -> tuple[list[str], int, list[int], dict
         against = {s: references(store, campaign.id, stored, objectives, s) for s in scopes}
     finally:
         store.close()
-    wasted = [wasted_slots(r, candidates) for record in stored for r in record.rollouts]
+    wasted = [wasted_slots(r, candidates, objectives) for record in stored for r in record.rollouts]
     gains = {s: scope_gains(stored, objectives, candidates, against[s]) for s in scopes}
     return objectives, candidates, wasted, gains
 

@@ -223,6 +223,11 @@ def test_every_slot_counts() -> None:
         rollout([good, left, {"a": 0.0, "b": 0.0}], [7, 8, 11], valid=[True] * 3),  # one scored 0
     )
     assert [wasted_slots(r, 3) for r in rollouts] == [2, 0, 2, 1, 1, 1]
+    # Zero on the vector trained on is zero, whatever else the slot scored (a case, say).
+    on_a_case = rollout([good, {"a": 0.0, "b": 0.0, "case:r1": 0.4}], [7, 12], valid=[True] * 2)
+    assert wasted_slots(on_a_case, 2, ["a", "b"]) == 1
+    assert wasted_slots(on_a_case, 2, ["case:r1"]) == 1  # `good` has no case score: 0
+    assert wasted_slots(on_a_case, 2) == 0
     rules = TrainSettings(slot_cost=0.1)
     group = to_group(TrainingGroup(1, 0, rollouts), ["a", "b"], 3, rules, reference=front)
     assert group is not None and np.allclose(group.cost, 0.1 * np.array([2, 0, 2, 1, 1, 1]) / 3)

@@ -5,6 +5,7 @@ each wasted candidate slot costs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -71,7 +72,7 @@ def to_group(
         scores[i] *= 1 - overlong_penalty(length, rules.overlong_buffer, max_tokens)
     cost = None
     if rules.slot_cost:
-        share = [wasted_slots(r, candidates) / candidates for r in stored.rollouts]
+        share = [wasted_slots(r, candidates, objectives) / candidates for r in stored.rollouts]
         cost = rules.slot_cost * np.array(share)
     return Group(
         reference=reference,
@@ -85,10 +86,13 @@ def to_group(
     )
 
 
-def wasted_slots(rollout: TrainingRollout, candidates: int) -> int:
+def wasted_slots(
+    rollout: TrainingRollout, candidates: int, names: Sequence[str] | None = None
+) -> int:
     """How many of a rollout's `candidates` slots bring nothing new: missing or not parsed, a
     lazy repeat of its parent or a stored program, a program that failed to run or scored 0 on
-    every objective, or the same program as an earlier slot of the rollout. (Without the
+    every one of `names` (the vector trained on; None: every score it has), or the same
+    program as an earlier slot of the rollout. (Without the
     zero-score rule a policy learnt to fill its slots with distinct, valid equations worse than
     predicting the mean: benchmarks/results/discovery_46.md, seed 1.) A rollout stored without
     program ids counts only its missing and zero-scoring slots."""
@@ -99,7 +103,8 @@ def wasted_slots(rollout: TrainingRollout, candidates: int) -> int:
         program = rollout.programs[j] if j < len(rollout.programs) else None
         lazy = j < len(rollout.lazy) and rollout.lazy[j]
         failed = j < len(rollout.valid) and not rollout.valid[j]
-        empty = slot is None or not any(value > 0 for value in slot.values())
+        values = () if slot is None else slot.values() if names is None else map(slot.get, names)
+        empty = not any(value is not None and value > 0 for value in values)
         if empty or lazy or failed or program in seen:
             wasted += 1
         if program is not None:
