@@ -207,6 +207,34 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return save_tiny_llama(folder, num_attention_heads=1, num_key_value_heads=1)
 
 
+def load_benchmark(name: str) -> Any:
+    """benchmarks/NAME.py as a module (registered, so its dataclasses find it): a script, not a
+    package, that puts benchmarks/ on sys.path for the modules beside it."""
+    path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def record_group(store: Store, campaign: int, parent: int, *rollouts: RolloutRecord) -> None:
+    """Iteration 0 of `campaign` on island 0: `parent` improved into `rollouts`."""
+    store.record_iteration(
+        campaign,
+        NewGroup(
+            iteration=0,
+            island=0,
+            parent_id=parent,
+            draft_ids=(),
+            prompt=[{"role": "user", "content": "improve"}],
+            prompt_token_ids=[5, 6],
+            rollouts=list(rollouts),
+        ),
+    )
+
+
 SMALL_SEED = "def f():\n    return 0\n"
 # Program text a terminal or a browser must show as text: markup and a screen-clearing escape.
 HOSTILE = "<script>alert(1)</script>\x1b[2J"

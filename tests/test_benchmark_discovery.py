@@ -10,15 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_benchmark
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 _PATH = Path(__file__).parents[1] / "benchmarks" / "discovery.py"
-_SPEC = importlib.util.spec_from_file_location("benchmark_discovery", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-discovery = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = discovery  # its dataclasses look their module up
-_SPEC.loader.exec_module(discovery)
+discovery = load_benchmark("discovery")
 # discovery.py puts benchmarks/ on sys.path: its measures and report live beside it.
 import discovery_report  # noqa: E402
 import discovery_runs  # noqa: E402

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from conftest import SMALL_SEED, _rollout
+from conftest import SMALL_SEED, _rollout, record_group
 
 from harness.config.errors import UserError
 from harness.config.settings import build
@@ -20,7 +20,7 @@ from harness.evaluation.sandbox import Sandbox
 from harness.evolution.iteration import new_program
 from harness.learning.rewards import to_group
 from harness.learning.steps import trained_vector
-from harness.records import CASE_PREFIX, CandidateRecord, NewGroup
+from harness.records import CASE_PREFIX, CandidateRecord
 from harness.store import Store
 from problems.api import Evaluation, combine
 from problems.circle_packing import CirclePacking
@@ -113,21 +113,13 @@ def test_cases_are_stored_apart_from_the_objectives_and_trained_on(tmp_path) -> 
     store = Store.open(str(tmp_path / "cases.db"))
     campaign = store.create_campaign("c", "equation_discovery", {"candidates": 2}, 0)
     seed = store.add_program(campaign, new_program(SMALL_SEED, _evaluation(0.2, [0.1, 0.3])))
-    store.record_iteration(
+    record_group(
+        store,
         campaign,
-        NewGroup(
-            iteration=0,
-            island=0,
-            parent_id=seed,
-            draft_ids=(),
-            prompt=[{"role": "user", "content": "improve"}],
-            prompt_token_ids=[5, 6],
-            rollouts=[
-                _rollout(
-                    CandidateRecord(1, "new", new_program("a", _evaluation(0.3, [0.5, 0.1]))),
-                    CandidateRecord(2, "new", new_program("b", _evaluation(0.3, [0.1, 0.6]))),
-                ),
-            ],
+        seed,
+        _rollout(
+            CandidateRecord(1, "new", new_program("a", _evaluation(0.3, [0.5, 0.1]))),
+            CandidateRecord(2, "new", new_program("b", _evaluation(0.3, [0.1, 0.6]))),
         ),
     )
     assert store.objectives(campaign) == ["fit_id", "fit_ood", "simplicity"]
@@ -223,24 +215,8 @@ def test_a_lexicase_campaign_keeps_its_cases_beside_its_population(tmp_path, san
     assert run.cases is not None
     assert run.cases.objectives == tuple(CASE_PREFIX + c.name for c in problem.cases)
     assert run.cases.scores[0].min() > 0.05  # the seed's rings, from its real evaluation
-    store.record_iteration(
-        campaign,
-        NewGroup(
-            iteration=0,
-            island=0,
-            parent_id=run.seed_id,
-            draft_ids=(),
-            prompt=[{"role": "user", "content": "improve"}],
-            prompt_token_ids=[5],
-            rollouts=[
-                _rollout(
-                    CandidateRecord(
-                        1, "new", new_program("a", _evaluation(0.3, [0.5, 0.1, 0.2, 0.3]))
-                    )
-                )
-            ],
-        ),
-    )
+    program = new_program("a", _evaluation(0.3, [0.5, 0.1, 0.2, 0.3]))
+    record_group(store, campaign, run.seed_id, _rollout(CandidateRecord(1, "new", program)))
     refresh_population(run)
     assert run.cases.ids.tolist() == run.population.ids.tolist() == [1, 2]
     assert run.cases.scores[1].tolist() == [0.5, 0.1, 0.2, 0.3]

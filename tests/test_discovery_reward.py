@@ -74,27 +74,20 @@ def test_the_set_score_against_a_reference_is_the_r2_gain(batch, group, m, d, ro
     reference_mask = rng.random((batch, max(rows, 1))) < (0.8 if rows else 0.0)
     cost = rng.random((batch, group)) * 0.1
     as_tensor = torch.from_numpy
-    got = set_scores(
-        as_tensor(scores),
-        as_tensor(mask),
-        weights=as_tensor(weights),
-        reference=as_tensor(reference),
-        reference_mask=as_tensor(reference_mask),
-        cost=as_tensor(cost),
-    )
-    expected = plain_set_scores(scores, mask, weights, reference, reference_mask, cost)
-    assert np.allclose(got.numpy(), expected, atol=1e-12)
-    signed = set_scores(
-        as_tensor(scores),
-        as_tensor(mask),
-        weights=as_tensor(weights),
-        reference=as_tensor(reference),
-        reference_mask=as_tensor(reference_mask),
-        cost=as_tensor(cost),
-        signed=True,
-    )
-    expected = plain_set_scores(scores, mask, weights, reference, reference_mask, cost, signed=True)
-    assert np.allclose(signed.numpy(), expected, atol=1e-12)
+    for signed in (False, True):  # the gain clipped at 0, and the gain or the loss
+        got = set_scores(
+            as_tensor(scores),
+            as_tensor(mask),
+            weights=as_tensor(weights),
+            reference=as_tensor(reference),
+            reference_mask=as_tensor(reference_mask),
+            cost=as_tensor(cost),
+            signed=signed,
+        )
+        expected = plain_set_scores(
+            scores, mask, weights, reference, reference_mask, cost, signed=signed
+        )
+        assert np.allclose(got.numpy(), expected, atol=1e-12)
     absolute = set_scores(as_tensor(scores), as_tensor(mask), weights=as_tensor(weights))
     assert np.allclose(absolute.numpy(), plain_set_scores(scores, mask, weights), atol=1e-12)
     # A reference of no rows (an island that held nothing yet) is the absolute score.

@@ -4,20 +4,12 @@ is Spearman's (scipy's, ties included)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import load_benchmark
 from scipy.stats import spearmanr
 
-_PATH = Path(__file__).parents[1] / "benchmarks" / "reward_geometry.py"
-_SPEC = importlib.util.spec_from_file_location("reward_geometry", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-geometry = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = geometry  # its dataclasses look their module up
-_SPEC.loader.exec_module(geometry)
+geometry = load_benchmark("reward_geometry")
 
 W = geometry.weightings(2, 100)
 
