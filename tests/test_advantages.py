@@ -14,7 +14,6 @@ from harness.config.training import TrainSettings
 from trainer.advantages import (
     EPS,
     ESTIMATORS,
-    SINGLE_CANDIDATE,
     dirichlet,
     gdpo_advantages,
     grpo_advantages,
@@ -25,6 +24,7 @@ from trainer.advantages import (
     standardise,
     vpo_advantages,
 )
+from trainer.estimators import SINGLE_CANDIDATE
 
 
 def seeded(seed: int = 0) -> torch.Generator:

@@ -302,11 +302,29 @@ def test_training_settings_are_checked_before_anything_runs() -> None:
 
 
 def test_the_config_knows_the_trainer_estimators() -> None:
-    from harness.config.training import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
-    from trainer.advantages import ESTIMATORS, SINGLE_CANDIDATE
+    """One table (trainer/estimators.py): the functions, the settings, the help text and the
+    docs name the same estimators."""
+    import inspect
 
-    assert tuple(ESTIMATORS) == ADVANTAGES
+    from harness.cli.flags import SETTING_FLAGS
+    from harness.config.training import ADVANTAGES, SINGLE_CANDIDATE_ADVANTAGES
+    from trainer.advantages import ESTIMATORS, set_scores
+    from trainer.estimators import SINGLE_CANDIDATE, SPECS
+    from trainer.train import TrainConfig
+
+    assert tuple(ESTIMATORS) == tuple(SPECS) == ADVANTAGES
     assert SINGLE_CANDIDATE == SINGLE_CANDIDATE_ADVANTAGES
+    config_fields = set(TrainConfig.__dataclass_fields__)
+    help_text = SETTING_FLAGS["advantage"].metadata["help"]
+    docs = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    for name, spec in SPECS.items():
+        keywords = dict(inspect.signature(ESTIMATORS[name]).parameters)
+        if "set_options" in keywords:  # vpo and entropic pass them on to set_scores
+            keywords |= inspect.signature(set_scores).parameters
+        for field, keyword in spec.options:
+            assert field in config_fields and keyword in keywords, (name, field, keyword)
+        assert ("generator" in keywords) == spec.random, name
+        assert f"`{name}`" in docs and name in help_text, name
 
 
 def test_offline_training_writes_a_model_that_vpo_run_loads(

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from trainer.estimators import MEASURED, SPECS, one_of
 from trainer.measures import pool_diversity
 
 EPS = 1e-6
@@ -286,11 +287,6 @@ ESTIMATORS: dict[str, Estimator] = {
     "rw_grpo": rw_grpo_advantages,
 }
 
-# The estimators whose set score can be measured against a reference and charged a cost.
-MEASURED = ("vpo", "entropic")
-# The estimators that score one candidate per rollout.
-SINGLE_CANDIDATE = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
-
 
 def standardise(values: Tensor, *, eps: float = EPS, unbiased: bool = False) -> Tensor:
     """(x - mean) / (std + eps) over the last dimension; exact zeros where std < eps."""
@@ -382,24 +378,14 @@ def compute_advantages(
     """One advantage per rollout of `groups` (trainer.train's Group) under `config` (its
     TrainConfig; neither is imported, since trainer.train imports this module), groups of the
     same (G, m, d) batched together."""
-    estimator = ESTIMATORS[config.advantage]
-    options: dict[str, Any] = {}
-    if config.advantage in ("vpo", "entropic"):
-        options = {"num_weights": config.num_weights, "alpha": config.alpha}
+    estimator, spec = ESTIMATORS[config.advantage], SPECS[config.advantage]
+    options: dict[str, Any] = {keyword: getattr(config, field) for field, keyword in spec.options}
+    if spec.random:
         options["generator"] = generator
-        options["signed"] = config.signed_gain
-        if config.advantage == "entropic":
-            options["budget"] = config.kl_budget
-    elif config.advantage == "rw_grpo":
-        options = {"generator": generator}
-    elif config.advantage == "max_at_k":
-        options = {"k": config.k}
-    if config.advantage not in MEASURED and any(
-        g.reference is not None or g.cost is not None for g in groups
-    ):
+    if not spec.measured and any(g.reference is not None or g.cost is not None for g in groups):
         raise ValueError(
             f"a reward against a reference or a slot cost needs --advantage "
-            f"{' or '.join(MEASURED)}, not {config.advantage}"
+            f"{one_of(MEASURED)}, not {config.advantage}"
         )
     buckets: dict[tuple[int, ...], list[int]] = {}
     for index, group in enumerate(groups):
@@ -409,7 +395,7 @@ def compute_advantages(
     diversity: list[float] = []
     zero = 0
     for shape, members in buckets.items():
-        if config.advantage in SINGLE_CANDIDATE and shape[1] != 1:
+        if spec.single_candidate and shape[1] != 1:
             raise ValueError(
                 f"--advantage {config.advantage} scores one candidate per rollout; these "
                 f"groups have m = {shape[1]} (use vpo or multi_rlvr, or 1 candidate)"

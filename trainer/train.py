@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 
 from trainer.activations import LOGIT_SHARE
-from trainer.advantages import ESTIMATORS, compute_advantages
+from trainer.advantages import compute_advantages
+from trainer.estimators import unknown
 from trainer.logprobs import (
     PACKABLE,
     Row,
@@ -49,7 +50,6 @@ from trainer.loss import LossConfig
 from trainer.passes import Passes
 from trainer.policy import Policy
 
-ADVANTAGES = tuple(ESTIMATORS)
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 # At or below this temperature sampling was greedy: the sampler's log-probs are not of logits / T.
 GREEDY = 1e-3
@@ -146,8 +146,8 @@ class TrainConfig:
     shared_prompt: bool = True
 
     def __post_init__(self) -> None:
-        if self.advantage not in ESTIMATORS:
-            raise ValueError(f"advantage {self.advantage!r} is not one of {', '.join(ESTIMATORS)}")
+        if why := unknown(self.advantage):
+            raise ValueError(why)
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"old_logprobs must be one of {', '.join(OLD_LOGPROBS)}")
         if not 0 < self.top_p <= 1:

@@ -27,7 +27,6 @@ from harness.config import logs
 from harness.config.errors import UserError
 from harness.config.settings import CAMPAIGN_KEYS, TRAINING_KEYS, build
 from harness.config.training import (
-    ADVANTAGES,
     ANSWER_TRAINING,
     DEFAULT_MODEL,
     DUPLICATE_REWARDS,
@@ -43,6 +42,7 @@ from harness.config.training import (
     TrainSettings,
     trained_temperature,
 )
+from trainer.estimators import unknown
 
 SHARDINGS = ("auto", "fsdp", "ddp", "none")  # trainer.distributed's, without importing torch
 
@@ -221,10 +221,8 @@ def _checked_out(args: argparse.Namespace) -> Path:
         raise UserError(f"--sharding must be {', '.join(SHARDINGS)}, not {args.sharding!r}")
     if args.sharding != "auto" and args.problem is not None:
         raise UserError("--sharding goes with --db; answer-problem training runs on one process")
-    if args.advantage not in (None, *ADVANTAGES):
-        raise UserError(
-            f"--advantage must be one of {', '.join(ADVANTAGES)}, not {args.advantage!r}"
-        )
+    if args.advantage is not None and (why := unknown(args.advantage)):
+        raise UserError(f"--{why}")
     if args.train_every is not None and args.train_every < 1:
         raise UserError(f"--train-every must be a whole number >= 1, not {args.train_every}")
     # The rest as the settings check them (ranges: no NaN or infinity), named by their flags.

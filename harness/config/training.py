@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config.values import TRAINING, check_float, require, setting
+from trainer.estimators import MEASURED, NAMES, SINGLE_CANDIDATE, one_of
 
-# Kept here rather than imported from trainer/, so reading a config never imports torch.
-ADVANTAGES = ("vpo", "entropic", "grpo", "multi_rlvr", "max_at_k", "gdpo", "maxrl", "rw_grpo")
-SINGLE_CANDIDATE_ADVANTAGES = ("grpo", "max_at_k", "gdpo", "maxrl", "rw_grpo")
+# The estimators and what each takes: trainer/estimators.py, the one table (it imports no
+# torch, so reading a config never does).
+ADVANTAGES = NAMES
+SINGLE_CANDIDATE_ADVANTAGES = SINGLE_CANDIDATE
 DUPLICATE_REWARDS = ("zero", "keep")
 FORMAT_REWARDS = ("partial", "whole")
 # What a group's set score is measured against (harness/learning/rewards.py `references`).
@@ -64,7 +66,7 @@ class TrainSettings:
     )
     advantage: str = setting(
         "vpo",
-        "vpo, entropic, grpo, multi_rlvr, max_at_k, gdpo, maxrl or rw_grpo ({default})",
+        f"the advantage estimator: {one_of(NAMES)} ({{default}}; docs/training.md)",
         group=TRAINING,
     )
     learning_rate: float = setting(
@@ -220,7 +222,7 @@ class TrainSettings:
         for key in ("learning_rate", "kl_beta", "slot_cost", "kl_budget", "dirichlet_alpha"):
             check_float(key, getattr(self, key))
         require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
-        require(self.advantage in ADVANTAGES, "advantage", " or ".join(ADVANTAGES))
+        require(self.advantage in ADVANTAGES, "advantage", one_of(ADVANTAGES))
         require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
         require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
         require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
@@ -243,9 +245,9 @@ class TrainSettings:
         require(self.warmup_samples >= 0, "warmup_samples", "a whole number >= 0 (0: none)")
         measured = self.train_every and (self.reward_reference != "none" or self.slot_cost > 0)
         require(
-            not measured or self.advantage in ("vpo", "entropic"),
+            not measured or self.advantage in MEASURED,
             "advantage",
-            "vpo or entropic when reward_reference or slot_cost is set",
+            f"{one_of(MEASURED)} when reward_reference or slot_cost is set",
         )
         require(self.old_logprobs in OLD_LOGPROBS, "old_logprobs", ", ".join(OLD_LOGPROBS))
         require(
