@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from harness.config.settings import build
 from harness.evaluation.evaluate import evaluate_many
 from harness.evaluation.sandbox import Sandbox
-from harness.evolution.iteration import BatchKeys, classify_group
+from harness.evolution.iteration import BatchKeys, classify_group, new_program
 from harness.evolution.loop import run_campaign
 from harness.evolution.novelty import Novelty
 from harness.store import Store
@@ -341,7 +341,8 @@ def test_a_campaign_records_every_hostile_answer_and_finishes(tmp_path: Path) ->
     with Sandbox(workers=2) as sandbox:
         again = evaluate_many(OSCILLATOR, [p.code for p in scored], sandbox)
     for program, evaluation in zip(scored, again, strict=True):
-        assert evaluation.status == "ok" and evaluation.raw == program.raw, program.code
+        stored = new_program(program.code, evaluation)  # as the store keeps it: cases included
+        assert evaluation.status == "ok" and stored.raw == program.raw, program.code
 
 
 def _random_expression(rng: random.Random, depth: int = 0) -> str:

@@ -104,8 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     from harness.evolution.loop import run_campaign
-    from harness.evolution.run import stored_cases
-    from harness.learning.steps import trained_vector
+    from harness.learning.steps import stored_cases, trained_vector
 
     if args.problem:  # before any database is opened or created
         program_problem(args.problem)

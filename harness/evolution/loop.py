@@ -35,9 +35,10 @@ from harness.evolution.iteration import (
 from harness.evolution.novelty import Novelty
 from harness.evolution.population import Population
 from harness.evolution.recording import evaluate_and_store
-from harness.evolution.run import CampaignRun, refresh_population, stored_cases
+from harness.evolution.run import CampaignRun, refresh_population
 from harness.learning.steps import (
     start_trainer,
+    stored_cases,
     train_next_version,
     trained_vector,
     trainer_generator,

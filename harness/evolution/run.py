@@ -6,14 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from harness.config.errors import UserError
 from harness.config.settings import CampaignSettings
 from harness.evaluation.calls import Limits
 from harness.evaluation.sandbox import Sandbox
 from harness.evolution.novelty import Novelty
 from harness.evolution.population import Population
 from harness.observation.progress import Progress
-from harness.records import CASE_PREFIX
 from harness.store import Store
 from problems.api import Compact, Problem
 
@@ -48,14 +46,6 @@ class CampaignRun:
     # The same programs' case scores (harness.records.CASE_PREFIX names), when parents are
     # picked by lexicase over them (`parent_selection = "lexicase"`).
     cases: Population | None = None
-
-
-def stored_cases(problem: Problem, setting: str) -> list[str]:
-    """The names `problem`'s cases are stored under (harness.records.CASE_PREFIX); a one-line
-    UserError naming `setting` when it has none."""
-    if not problem.cases:
-        raise UserError(f"{setting}: {problem.name} has no cases (problems.api.Problem.cases)")
-    return [CASE_PREFIX + case.name for case in problem.cases]
 
 
 def refresh_population(run: CampaignRun) -> None:

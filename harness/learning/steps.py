@@ -54,6 +54,7 @@ from harness.learning.publish import (
 from harness.learning.rewards import references, to_group
 from harness.llm.choice import base_generator, resolve_backend
 from harness.observation.ledger import Ledger, timed
+from harness.records import CASE_PREFIX
 
 if TYPE_CHECKING:
     from harness.llm import Generator
@@ -169,11 +170,17 @@ class CampaignTrainer:
     write_merged: bool = True
 
 
+def stored_cases(problem: Problem, setting: str) -> list[str]:
+    """The names `problem`'s cases are stored under (harness.records.CASE_PREFIX); a one-line
+    UserError naming `setting` when it has none."""
+    if not problem.cases:
+        raise UserError(f"{setting}: {problem.name} has no cases (problems.api.Problem.cases)")
+    return [CASE_PREFIX + case.name for case in problem.cases]
+
+
 def trained_vector(settings: TrainSettings, problem: Problem) -> list[str]:
     """The score names a step trains on (`[training] vector`): the problem's objectives, or its
     cases as stored (harness.records.CASE_PREFIX); UserError for cases a problem lacks."""
-    from harness.evolution.run import stored_cases
-
     if settings.vector == "objectives" or not settings.train_every:
         return [o.name for o in problem.objectives]
     return stored_cases(problem, '[training] vector = "cases"')
