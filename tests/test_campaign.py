@@ -367,7 +367,7 @@ def test_offline_training_writes_a_model_that_vpo_run_loads(
         assert err.count("\n") == 1
         return err
 
-    assert "--advantage must be one of" in fails([*args[:-4], "--advantage", "ppo"])
+    assert "--advantage must be vpo, entropic" in fails([*args[:-4], "--advantage", "ppo"])
     assert "--format-reward must be partial or whole" in fails([*args, "--format-reward", "all"])
     assert "--overlong-buffer must be a whole number >= 0" in fails(
         [*args, "--overlong-buffer", "-1"]
