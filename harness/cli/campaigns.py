@@ -104,16 +104,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_one(args: argparse.Namespace) -> int:
     from harness.evolution.loop import run_campaign
-    from harness.learning.steps import stored_cases, trained_vector
+    from harness.learning.steps import checked_cases
 
     if args.problem:  # before any database is opened or created
         program_problem(args.problem)
 
     config, problem, store, stored = effective_config(args)
-    # Cases the problem lacks: said before "created"
-    trained_vector(config.training, problem)
-    if config.parent_selection == "lexicase":
-        stored_cases(problem, 'parent_selection = "lexicase"')
+    checked_cases(config, problem)  # cases the problem lacks: said before "created"
     logs.attach_file(store.where, args.log_dir)
     name = config.name or problem.name
     logs.say(f"campaign {name!r} {'resumed from' if stored else 'created in'} {store.where}")

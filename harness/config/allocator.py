@@ -39,7 +39,8 @@ TRIM_THRESHOLD = 1024 * 1024
 ARENAS = 2
 
 
-_settled = False
+# glibc, once settle() set it up (find_library runs ldconfig or a compiler: once, not per step)
+_libc: ctypes.CDLL | None = None
 
 
 def settle() -> bool:
@@ -60,8 +61,7 @@ def settle() -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    global _settled
-    _settled = all(
+    settled = all(
         mallopt(parameter, value) == 1
         for parameter, value in (
             (M_MMAP_THRESHOLD, MMAP_THRESHOLD),
@@ -69,11 +69,14 @@ def settle() -> bool:
             (M_ARENA_MAX, ARENAS),
         )
     )
-    return _settled
+    if settled:
+        global _libc
+        _libc = libc
+    return settled
 
 
 def release() -> None:
     """Hand the free pages of every arena back to the system (glibc's malloc_trim), in a
     process `settle()` set up; elsewhere nothing (a test calling in, a user's own settings)."""
-    if _settled:
-        ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim(0)
+    if _libc is not None:
+        _libc.malloc_trim(0)

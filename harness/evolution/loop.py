@@ -37,10 +37,10 @@ from harness.evolution.population import Population
 from harness.evolution.recording import evaluate_and_store
 from harness.evolution.run import CampaignRun, refresh_population
 from harness.learning.steps import (
+    checked_cases,
     start_trainer,
     stored_cases,
     train_next_version,
-    trained_vector,
     trainer_generator,
     untrained_note,
 )
@@ -117,9 +117,7 @@ def run_campaign(
     check_installed(config.report_to)
     if generator is None and done_before < config.iterations:
         check_backend(config)  # before the campaign is touched
-    trained_on = trained_vector(config.training, problem)
-    if config.parent_selection == "lexicase":
-        stored_cases(problem, 'parent_selection = "lexicase"')  # before the campaign is touched
+    trained_on = checked_cases(config, problem)  # before the campaign is touched
     campaign_id = open_campaign(store, config, problem)
     owns_generator = generator is None
     run: CampaignRun | None = None

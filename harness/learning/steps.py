@@ -186,6 +186,14 @@ def trained_vector(settings: TrainSettings, problem: Problem) -> list[str]:
     return stored_cases(problem, '[training] vector = "cases"')
 
 
+def checked_cases(config: CampaignSettings, problem: Problem) -> list[str]:
+    """The vector the campaign trains on (`trained_vector`), once the problem is found to have
+    the cases its settings use (lexicase selection too): one-line UserError otherwise."""
+    if config.parent_selection == "lexicase":
+        stored_cases(problem, 'parent_selection = "lexicase"')
+    return trained_vector(config.training, problem)
+
+
 def policy_folder(config: CampaignSettings, store: Store, campaign_name: str) -> Path:
     """`policy_dir`, or beside a SQLite file (`runs/x.db` -> `runs/x.policies/NAME`), or
     `./policies/NAME` for a server database."""
@@ -272,9 +280,7 @@ def train_next_version(
     times the step (reading the groups, the step, saving and recording it: `training`) and
     the publishing (the weights into the engine, old versions pruned)."""
     with timed(ledger, "training"):
-        allocator.release()  # what generating freed, before the step's peak
         found = _step(trainer)
-        allocator.release()  # and what the step freed
     if found is None:
         return None
     metrics, folder = found
@@ -304,6 +310,7 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
     stored, against = parallel.broadcast((stored, against))
     if stored is None:
         return None
+    allocator.release()  # what generating freed, before the step's peak
     groups = [
         to_group(
             g,
@@ -320,6 +327,7 @@ def _step(trainer: CampaignTrainer) -> tuple[StepMetrics, Path | None] | None:
     # The Dirichlet draws of step s depend only on (seed, s): a resumed run redoes them exactly.
     seed = int.from_bytes(hashlib.sha256(f"{trainer.seed}:{step}".encode()).digest()[:8], "big")
     metrics = seeded_step(trainer.policy, trainer.config, groups, seed=seed >> 1)
+    allocator.release()  # and what the step freed
     if metrics.skipped is not None:
         # Every process skipped (the norm and the token count are the whole step's).
         if parallel.main:
