@@ -14,7 +14,9 @@ the newest `keep_versions`) and reaches the engine as the campaign's versions do
 
 Per version (the VPO paper's protocol: a pool of completions x m candidates, 30 for 10 x 3):
 - parse rate: the share of completions whose m candidates all parsed; valid: the candidates
-  whose program scored;
+  whose program scored; above the seed: the slots whose program beats the seed's first
+  objective (fit_id for equation discovery) by at least 0.01, as issue 57 counts a discovery,
+  and how many distinct programs they are;
 - mean score: the mean over the pool's slots of the mean of the score vector;
 - set score: VPO's own reward, per completion the mean over 1,000 Dirichlet(1) weightings of
   the best candidate's weighted score, averaged over completions;
@@ -45,6 +47,7 @@ from reporting import publish  # noqa: E402
 
 WEIGHTINGS = 1000
 BEST_AT = (1, 3, 10, 30)
+MARGIN = 0.01  # above the seed: its first objective at least this much over the seed's (issue 57)
 
 
 def set_score(vectors: np.ndarray, rng: np.random.Generator) -> float:
@@ -59,13 +62,24 @@ def sample_version(
 ) -> list[str]:
     from harness.llm.base import Sampling
 
-    sampling = Sampling(config.temperature, config.top_p, config.max_tokens, seed=seed)
+    # vLLM gives the i-th of n samples seed + i: sampling seeds s and s + 1 would share all but
+    # one completion, so seed s samples from s * completions on.
+    sampling = Sampling(
+        config.temperature,
+        config.top_p,
+        config.max_tokens,
+        top_k=config.top_k,
+        seed=seed * completions,
+    )
     (sampled,) = generator.generate([prompt], completions, sampling)
     return [c.text for c in sampled]
 
 
-def score(texts: list[str], campaign: Any, seed_code: str) -> dict[str, Any]:
-    """The pool's measures (see the module)."""
+def score(
+    texts: list[str], campaign: Any, seed_code: str, seed_first: float = 0.0
+) -> dict[str, Any]:
+    """The pool's measures (see the module); `seed_first`: the seed program's score in the
+    first objective, which a slot must beat by MARGIN to count as above the seed."""
     from harness.evaluation.evaluate import evaluate_many
     from harness.evolution.iteration import classify_group
     from trainer.measures import best_at_k, pool_diversity
@@ -89,7 +103,15 @@ def score(texts: list[str], campaign: Any, seed_code: str) -> dict[str, Any]:
     pool = vectors.reshape(-1, len(objectives))
     means = pool.mean(axis=1)
     rng = np.random.default_rng(0)
+    above = {
+        code
+        for code, evaluation in evaluations.items()
+        if evaluation.status == "ok"
+        and evaluation.scores[objectives[0]] >= seed_first + MARGIN
+    }
     return {
+        "above": int(sum(1 for r in group.rollouts for c in r.candidates if c.code in above)),
+        "above_distinct": len(above),
         "parse_rate": float(np.mean([r.status == "ok" for r in group.rollouts])),
         "valid": valid,
         "slots": len(pool),
@@ -128,9 +150,16 @@ def main() -> None:
     parser.add_argument("--name", help="the campaign (default: the database's only one)")
     parser.add_argument("--versions", default="0,last", help="steps to probe: 0, N or last")
     parser.add_argument("--completions", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="sampling seed s: the N completions take seeds s*N to s*N + N - 1",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/probe.md")
-    parser.add_argument("--json", type=Path, help="also write each version's measures here")
+    parser.add_argument(
+        "--json", type=Path, help="also write each version's measures and completions here"
+    )
     args = parser.parse_args()
     if args.completions < 1:
         parser.error("--completions must be >= 1")
@@ -194,8 +223,11 @@ def probe(
                     generator.load_weights(SavedVersion(folder, step, record.name, policy))
                     del policy
                 texts = sample_version(generator, prompt, completions, seed, config)
-                measured = score(texts, campaign, seed_program.code)
-                rows.append((step, measured))
+                first = problem.objectives[0].name
+                measured = score(
+                    texts, campaign, seed_program.code, seed_program.scores.get(first, 0.0)
+                )
+                rows.append((step, {**measured, "completions": texts}))
                 shown = {k: v for k, v in measured.items() if k not in ("best_at", "objectives")}
                 print(step_name(step), shown, flush=True)
         finally:
@@ -219,18 +251,19 @@ def write(args: argparse.Namespace, record: Any, config: Any, rows: list[Any]) -
         f" {config.max_tokens}); the prompt: its seed as the parent, no drafts;"
         f" {args.completions} completions a version, sampling seed {args.seed}",
         "",
-        "| version | parse rate | valid | mean score | set score | pool diversity | "
+        f"| version | parse rate | valid | above the seed's {objectives[0]} (distinct) |"
+        " mean score | set score | pool diversity | "
         + " | ".join(f"best@{k}" for k in ks)
         + " | "
         + " | ".join(f"best {name}" for name in objectives)
         + " |",
-        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ks) + "---:|" * len(objectives),
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ks) + "---:|" * len(objectives),
     ]
     for step, m in rows:
         diversity = "-" if m["diversity"] is None else f"{m['diversity']:.3f}"
         lines.append(
             f"| {step if step else '0 (start)'} | {m['parse_rate']:.2f} | {m['valid']}/{m['slots']}"
-            f" | {m['mean_score']:.4f} | {m['set_score']:.4f} | {diversity} | "
+            f" | {m['above']} ({m['above_distinct']}) | {m['mean_score']:.4f} | {m['set_score']:.4f} | {diversity} | "
             + " | ".join(f"{m['best_at'][k - 1]:.4f}" for k in ks)
             + " | "
             + " | ".join(f"{value:.4f}" for value in m["best"])

@@ -131,11 +131,14 @@ class Compact(ABC):
 
     `statement` replaces the problem's description in the prompt (what the part is and how it
     is scored), `what` names a part in the ask ("expression"), `example` is a part of the
-    right shape that is not an answer."""
+    right shape that is not an answer. `advice`, where a form has it, says how a candidate is
+    best made from the current part; the ask then uses it in place of asking for forms unlike
+    each other (see `harness.evolution.prompts`)."""
 
     statement: str
     what: str
     example: str
+    advice: str = ""
 
     @abstractmethod
     def part(self, code: str) -> str | None:

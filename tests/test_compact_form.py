@@ -154,6 +154,14 @@ def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     assert "def equation(x, v, params):" not in compact  # no program is shown whole
     assert "3 expressions" in compact and "<candidate_2>" in compact
     assert len(compact) < len(whole)
+    # The compact statement says how an expression is scored: no second list of objectives,
+    # and scores without raw values (which a small model copied as its candidates); the ask
+    # is to build on the current expression, not to write forms unlike each other.
+    assert "# Objectives" in whole and "# Objectives" not in compact
+    assert "(raw " in whole and "(raw " not in compact
+    assert f"fit_id {best.scores['fit_id']:.4f}," in compact
+    assert campaign.compact.advice and campaign.compact.advice in compact
+    assert "genuinely different form" not in compact
     # The answer is opened for the model: the compact prompt ends in the assistant's turn.
     opened = build_prompt(OSCILLATOR, best, [seed], 3, compact=campaign.compact)
     assert opened[-1] == {"role": "assistant", "content": ANSWER_START}

@@ -132,9 +132,12 @@ def _user_message(
 ) -> str:
     what = compact.what if compact else "program"
     statement = compact.statement if compact else problem.description
+    # A compact statement says how its part is scored (`Compact`), so the objectives are not
+    # listed again, and scores are shown without their raw values: Qwen2.5-Coder-0.5B copied
+    # those ten-digit numbers into its candidates, and the section was a third of the prompt.
     parts = [
         "# Problem\n\n" + statement.strip(),
-        _objectives_section(problem),
+        *([] if compact else [_objectives_section(problem)]),
         f"# Current {what}\n\n"
         + _scored_program(parent, objectives, None, f"the current {what}", compact),
     ]
@@ -177,7 +180,7 @@ def _scored_program(
 ) -> str:
     """The program's scores and its code (its evolved part, with `compact`, where it has one),
     clipped in the middle to `limit` characters (None: whole)."""
-    scores = ", ".join(_score(program, name) for name in objectives)
+    scores = ", ".join(_score(program, name, raw=compact is None) for name in objectives)
     status = "" if program.status == "ok" else f" [{program.status}]"
     text = (compact.part(program.code) if compact else None) or program.code
     code, omitted = _clip(text, limit) if limit is not None else (text, 0)
@@ -187,13 +190,19 @@ def _scored_program(
     return f"Scores{status}: {scores}\n{fence}python\n{code}{fence}{note}"
 
 
-def _score(program: ProgramRecord, name: str) -> str:
+def _score(program: ProgramRecord, name: str, raw: bool = True) -> str:
     """`n26 0.9000 (raw 2.372384772)`; a record says so: `n26 1.0200 (record: +2.0% over best
-    known; raw ...)`, since four decimals alone would hide a record by a hair."""
+    known; raw ...)`, since four decimals alone would hide a record by a hair. `raw=False`
+    leaves the raw value out."""
     score = program.scores.get(name, 0.0)
-    raw = program.raw.get(name)
+    raw_value = program.raw.get(name) if raw else None
     notes = "; ".join(
-        note for note in (record_note(score), None if raw is None else f"raw {raw:.10g}") if note
+        note
+        for note in (
+            record_note(score),
+            None if raw_value is None else f"raw {raw_value:.10g}",
+        )
+        if note
     )
     return f"{name} {score:.4f} ({notes})" if notes else f"{name} {score:.4f}"
 
@@ -334,11 +343,15 @@ def _compact_task(problem: Problem, candidates: int, compact: Compact) -> str:
         for i in range(1, min(2, candidates) + 1)
     )
     plural = "s" if candidates > 1 else ""
+    how = (
+        f"{compact.advice} The current {what} again scores nothing.{spread}"
+        if compact.advice
+        else f"Make each one a genuinely different form, not a variation of the others; the "
+        f"current {what} again scores nothing.{spread}"
+    )
     return (
         "# Your task\n\n"
-        f"Write {candidates} {what}{plural} that improve on the current {what}. Make each one "
-        f"a genuinely different form, not a variation of the others; the current {what} "
-        f"again scores nothing.{spread}\n\n"
+        f"Write {candidates} {what}{plural} that improve on the current {what}. {how}\n\n"
         f"Put candidate i between <candidate_i> and </candidate_i> (i = 1..{candidates}), the "
         f"{what} alone, no code fence, nothing else. For example:\n\n"
         f"{example}\n\n"
