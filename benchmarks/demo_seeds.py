@@ -27,7 +27,8 @@ the vLLM KV cache as configured (harness/llm/vllm_backend.py: DEFAULT_CPU_KV_CAC
 $VLLM_CPU_KVCACHE_SPACE is set; beside it, how much of it the run's sequences could fill at
 once), the engine's copy of the weights and the trainer's (parameter count x bytes per
 parameter; the count from the shapes in the model's safetensors headers, a LoRA adapter's as
-peft puts it on every linear layer but the head), the trainer's gradients and AdamW moments
+peft puts it on every linear layer but the head; a LoRA trainer computing in bf16 holds the
+frozen linear layers in bf16), the trainer's gradients and AdamW moments
 (trainable parameters x 12 bytes: an fp32 gradient and two fp32 moments). The rest of the
 peak, the peak less those, is derived: activations, allocator caches, libraries, the sandbox's
 processes and any copy made while a version is published; the trainer records none of them.
@@ -199,10 +200,11 @@ def model_folder(model: str) -> Path:
 
 
 @functools.cache
-def parameter_counts(model: str, lora_rank: int) -> tuple[int, int]:
+def parameter_counts(model: str, lora_rank: int) -> tuple[int, int, int]:
     """(the model's parameters, a LoRA adapter's of `lora_rank` on every linear layer but the
-    head, as the trainer's "all-linear" adds it), from the shapes in its safetensors headers:
-    nothing is loaded. Tied embeddings count once."""
+    head, as the trainer's "all-linear" adds it, and those linear layers' own weights and
+    biases), from the shapes in its safetensors headers: nothing is loaded. Tied embeddings
+    count once."""
     folder = model_folder(model)
     shapes: dict[str, list[int]] = {}
     for file in sorted(folder.glob("*.safetensors")):
@@ -222,7 +224,10 @@ def parameter_counts(model: str, lora_rank: int) -> tuple[int, int]:
         if len(shape) == 2 and name.endswith(".weight") and not name.endswith(embeddings)
     ]
     adapter = sum(lora_rank * (rows + columns) for rows, columns in linear)  # B (out x r), A
-    return parameters, adapter
+    weights = {name.removesuffix(".weight") for name, shape in shapes.items() if shape in linear}
+    biases = [s for n, s in shapes.items() if n.endswith(".bias") and n[:-5] in weights]
+    own = sum(math.prod(shape) for shape in [*linear, *biases])
+    return parameters, adapter, own
 
 
 def memory_parts(
@@ -248,7 +253,7 @@ def memory_parts(
         return {}
     training = settings["training"]
     trained = training["train_every"] > 0
-    parameters, adapter = parameter_counts(settings["model"], training["lora_rank"])
+    parameters, adapter, linear = parameter_counts(settings["model"], training["lora_rank"])
     dtype = preferred_dtype("cpu")
     dtype_bytes = dtype.itemsize
     dtype_name = str(dtype).removeprefix("torch.")
@@ -297,7 +302,14 @@ def memory_parts(
             weights += parameters
             how += f" + a frozen reference's {parameters:,}"
         shared = " (the transformers generator samples from them)" * (backend == "transformers")
-        parts["trainer's weights"] = (weights * FP32_BYTES, f"computed: {how} x 4 B (fp32){shared}")
+        held = weights * FP32_BYTES
+        how = f"computed: {how} x 4 B (fp32){shared}"
+        if lora and dtype_bytes < FP32_BYTES:  # trainer.policy.frozen_linear_to
+            held -= linear * (FP32_BYTES - dtype_bytes)
+            how += (
+                f", but the {linear:,} of the frozen linear layers x {dtype_bytes} B ({dtype_name})"
+            )
+        parts["trainer's weights"] = (held, how)
         trainable = adapter if lora else parameters
         parts["trainer's gradients and AdamW moments"] = (
             trainable * ADAMW_BYTES,

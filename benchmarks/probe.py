@@ -106,8 +106,7 @@ def score(
     above = {
         code
         for code, evaluation in evaluations.items()
-        if evaluation.status == "ok"
-        and evaluation.scores[objectives[0]] >= seed_first + MARGIN
+        if evaluation.status == "ok" and evaluation.scores[objectives[0]] >= seed_first + MARGIN
     }
     return {
         "above": int(sum(1 for r in group.rollouts for c in r.candidates if c.code in above)),
@@ -263,7 +262,8 @@ def write(args: argparse.Namespace, record: Any, config: Any, rows: list[Any]) -
         diversity = "-" if m["diversity"] is None else f"{m['diversity']:.3f}"
         lines.append(
             f"| {step if step else '0 (start)'} | {m['parse_rate']:.2f} | {m['valid']}/{m['slots']}"
-            f" | {m['above']} ({m['above_distinct']}) | {m['mean_score']:.4f} | {m['set_score']:.4f} | {diversity} | "
+            f" | {m['above']} ({m['above_distinct']}) | {m['mean_score']:.4f}"
+            f" | {m['set_score']:.4f} | {diversity} | "
             + " | ".join(f"{m['best_at'][k - 1]:.4f}" for k in ks)
             + " | "
             + " | ".join(f"{value:.4f}" for value in m["best"])

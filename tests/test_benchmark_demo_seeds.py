@@ -107,8 +107,12 @@ def test_a_row_is_what_the_database_holds_and_a_failed_run_is_a_row(
     assert float(seed0["peak memory GB"]) == pytest.approx(memory["peak"] / 1e9, abs=0.01)
     assert summary["backend"] == "transformers"
     weights, how = summary["parts"]["trainer's weights"]
-    parameters, adapter = demo_seeds.parameter_counts(tiny_model, 16)
-    assert weights == (parameters + adapter) * 4 and how.startswith("computed")
+    parameters, adapter, linear = demo_seeds.parameter_counts(tiny_model, 16)
+    from trainer.models import preferred_dtype
+
+    frozen = preferred_dtype("cpu").itemsize  # a LoRA trainer's frozen linear layers
+    assert weights == (parameters + adapter) * 4 - linear * (4 - frozen)
+    assert how.startswith("computed")
 
     # A bad setting: the run stops at once, and its seed is a row saying why.
     done = benchmark(
@@ -141,10 +145,17 @@ def test_the_parameter_counts_are_the_models_and_peft_adds_that_adapter(tiny_mod
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model))
     parameters = sum(p.numel() for p in model.parameters())
+    head = model.get_output_embeddings()
+    linear = sum(
+        p.numel()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m is not head
+        for p in m.parameters(recurse=False)
+    )
     lora = LoraConfig(r=8, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     adapted = get_peft_model(model, lora)
     adapter = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
-    assert demo_seeds.parameter_counts(tiny_model, 8) == (parameters, adapter)
+    assert demo_seeds.parameter_counts(tiny_model, 8) == (parameters, adapter, linear)
 
 
 def test_seeds_are_ranges_or_lists() -> None:
@@ -174,7 +185,7 @@ def test_a_vllm_runs_parts_are_its_kv_cache_and_two_copies_of_the_weights(
     training = {"train_every": 2, "lora": True, "lora_rank": 16, "kl_beta": 0.0}
     settings = {"model": tiny_model, "group_size": 4, "max_tokens": 160, "training": training}
     parts = demo_seeds.memory_parts(settings, "vllm", 4, 1000)
-    parameters, adapter = demo_seeds.parameter_counts(tiny_model, 16)
+    parameters, adapter, linear = demo_seeds.parameter_counts(tiny_model, 16)
     engine_bytes = preferred_dtype("cpu").itemsize  # the engine's dtype on this CPU
     kv, how = parts["vLLM KV cache"]
     dtype = str(preferred_dtype("cpu")).split(".")[-1]
@@ -186,7 +197,8 @@ def test_a_vllm_runs_parts_are_its_kv_cache_and_two_copies_of_the_weights(
     # A token: keys and values, 2 layers x 1 head of 64.
     assert f"16 sequences x (1000 + 160) tokens x {2 * 2 * 64 * engine_bytes:,} B" in how
     assert parts["engine's weights"][0] == parameters * engine_bytes
-    assert parts["trainer's weights"][0] == (parameters + adapter) * 4
+    # fp32, but the frozen linear layers in the dtype the LoRA trainer computes in
+    assert parts["trainer's weights"][0] == (parameters + adapter) * 4 - linear * (4 - engine_bytes)
     assert parts["trainer's gradients and AdamW moments"][0] == adapter * 12
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -617,7 +617,9 @@ def lora_policy(smollm2_folder: str) -> Any:
     differently from the base model."""
     from trainer.policy import Policy, PolicyConfig
 
-    policy = Policy.load(smollm2_folder, PolicyConfig(lora=True, reference=False, device="cpu"))
+    # fp32 (no autocast): its passes here run outside the trainer's autocast
+    config = PolicyConfig(lora=True, reference=False, device="cpu", precision="float32")
+    policy = Policy.load(smollm2_folder, config)
     generator = torch.Generator().manual_seed(11)
     with torch.no_grad():
         for name, weight in policy.model.named_parameters():

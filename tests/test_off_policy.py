@@ -144,9 +144,7 @@ def sample(
 def policy(tiny_model: str) -> Policy:
     # fp32 (no autocast), as the sampler that shares its weights computes: bf16 rounding would be
     # larger than what the fresh-group checks look for.
-    policy = Policy.load(tiny_model, PolicyConfig(lr=3e-2, reference=False))
-    policy.autocast_dtype = torch.float32
-    return policy
+    return Policy.load(tiny_model, PolicyConfig(lr=3e-2, reference=False, precision="float32"))
 
 
 def test_a_fresh_group_has_ratio_one_and_nothing_clipped(policy: Policy) -> None:

@@ -63,8 +63,8 @@ def sample(served: Served, **extra_body: object) -> list[Completion]:
 
 def step_on(model: str, completions: list[Completion]) -> StepMetrics:
     """One training step of `model` in fp32 on `completions` as rollouts it sampled itself."""
-    policy = Policy.load(model, PolicyConfig(lr=1e-3, reference=False))
-    policy.autocast_dtype = torch.float32  # as the server computes
+    # fp32, as the server computes
+    policy = Policy.load(model, PolicyConfig(lr=1e-3, reference=False, precision="float32"))
     rollouts = [Rollout(c.prompt_token_ids or (), c.token_ids, c.logprobs, 0) for c in completions]
     scores = np.random.default_rng(0).uniform(size=(len(rollouts), 1, 2))
     group = Group(rollouts, scores, np.ones((len(rollouts), 1), dtype=bool))

@@ -58,12 +58,15 @@ def load(folder: str, lora: bool, checkpointing: str = "off") -> Policy:
     """A policy in float32; with `checkpointing` "on" each layer is recomputed in the backward
     pass, where the prompt-sharing attention must get its layout again."""
     config = PolicyConfig(
-        lr=1e-2, lora=lora, lora_rank=4, reference=True, gradient_checkpointing=checkpointing
+        lr=1e-2,
+        lora=lora,
+        lora_rank=4,
+        reference=True,
+        gradient_checkpointing=checkpointing,
+        precision="float32",  # compare float32 with float32
     )
     torch.manual_seed(5)  # the same adapter's initial weights each time
-    policy = Policy.load(folder, config)
-    policy.autocast_dtype = torch.float32  # compare float32 with float32
-    return policy
+    return Policy.load(folder, config)
 
 
 def rows_of_two_groups() -> list[tuple[list[int], list[int], None]]:

@@ -264,6 +264,7 @@ def test_the_trainers_own_engine_loads_a_version_from_memory_with_no_merged_copy
 
     # Asked for bf16 (the compute dtype on hardware that has it), the copy is half the bytes.
     expected = _merged_weight(policy, "model.layers.0.self_attn.q_proj")
+    held = [p.dtype for p in policy.model.parameters()]
     full = policy.save_merged(tmp_path / "fp32")
     half = policy.save_merged(tmp_path / "bf16", dtype=torch.bfloat16)
     sizes = [(f / "model.safetensors").stat().st_size for f in (full, half)]
@@ -272,8 +273,10 @@ def test_the_trainers_own_engine_loads_a_version_from_memory_with_no_merged_copy
         name = "model.layers.0.self_attn.q_proj.weight"
         assert weights.get_tensor(name).dtype == torch.bfloat16
         assert torch.equal(weights.get_tensor(name), expected.to(torch.bfloat16))
-    # ... and the policy itself still trains in fp32.
-    assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
+    # ... and the policy itself is left as it was: its adapter in fp32, its frozen linear
+    # layers in the dtype it computes in (trainer.policy.frozen_linear_to).
+    assert [p.dtype for p in policy.model.parameters()] == held
+    assert {p.dtype for p in policy.model.parameters() if p.requires_grad} == {torch.float32}
 
 
 def _merged_weight(policy: object, name: str) -> object:

@@ -97,7 +97,6 @@ def test_the_engine_samples_what_the_trainer_models_not_the_models_defaults(
     """The model asks for top_k 20 and repetition_penalty 1.05; the engine's defaults are
     vLLM's neutral ones, and a step on its samples finds the sampler's log-probs equal to the
     trainer's (the fresh gap is rounding, no rollout set aside)."""
-    import torch
 
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import Group, Rollout, TrainConfig, train_step
@@ -106,8 +105,8 @@ def test_the_engine_samples_what_the_trainer_models_not_the_models_defaults(
     assert defaults.top_k in (0, -1) and defaults.repetition_penalty == 1.0
     sampling = Sampling(temperature=0.8, top_p=0.95, max_tokens=8, seed=2)
     completions = [c for group in engine.generate(PROMPTS, 3, sampling) for c in group]
-    policy = Policy.load(tiny_model, PolicyConfig(reference=False))
-    policy.autocast_dtype = torch.float32  # as the engine computes
+    # fp32, as the engine computes
+    policy = Policy.load(tiny_model, PolicyConfig(reference=False, precision="float32"))
     rollouts = [Rollout(c.prompt_token_ids or (), c.token_ids, c.logprobs, 0) for c in completions]
     scores = np.random.default_rng(0).uniform(size=(len(rollouts), 1, 2))
     group = Group(rollouts, scores, np.ones((len(rollouts), 1), dtype=bool))
@@ -125,15 +124,14 @@ def test_the_trainer_reads_top_k_samples_as_the_engine_reported_them(
     token, and a step on the group finds the gap rounding. Over the tiny model's nearly flat
     49k tokens the top 20 hold a sliver of the mass, so a trainer that left top_k out would be
     nats away."""
-    import torch
 
     from trainer.policy import Policy, PolicyConfig
     from trainer.train import Group, Rollout, TrainConfig, train_step
 
     sampling = Sampling(temperature=0.8, top_p=top_p, top_k=top_k, max_tokens=8, seed=4)
     completions = [c for group in engine.generate(PROMPTS, 3, sampling) for c in group]
-    policy = Policy.load(tiny_model, PolicyConfig(reference=False))
-    policy.autocast_dtype = torch.float32  # as the engine computes
+    # fp32, as the engine computes
+    policy = Policy.load(tiny_model, PolicyConfig(reference=False, precision="float32"))
     gap, uncut, tokens = cut_logprob_gaps(policy.model, completions, 0.8, top_p, top_k)
     assert gap < 1e-3
     assert uncut / tokens > 1.0  # what the cut is worth

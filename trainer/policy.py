@@ -50,6 +50,7 @@ STATE_FILE = "policy.json"
 OPTIMIZER_FILE = "optimizer.pt"
 SHARDED_FOLDER = "sharded"  # torch.distributed.checkpoint: weights and optimiser, by shard
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")
+PRECISIONS = ("auto", "float32")
 # "auto" turns activation checkpointing on from this many parameters: below it weights and
 # optimiser state leave a GPU room for the activations, and recomputing them costs 23-25% more
 # time per step (measured on a 276M Llama: benchmarks/results/train_memory_sharded.md; the
@@ -76,6 +77,9 @@ class PolicyConfig:
     # whose activations would take more than half the memory free (trainer/activations.py).
     gradient_checkpointing: str = "auto"
     device: str | None = None
+    # What the passes compute in: "auto" is `preferred_dtype` (bf16 autocast where the hardware
+    # runs it natively), "float32" no autocast (as an fp32 sampler computes).
+    precision: str = "auto"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -89,6 +93,10 @@ class PolicyConfig:
             raise ValueError(
                 f"gradient_checkpointing must be one of {', '.join(GRADIENT_CHECKPOINTING)}, "
                 f"got {self.gradient_checkpointing!r}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
             )
 
 
@@ -115,7 +123,9 @@ class Policy:
         self.device = (
             torch.device(parallel.device) if parallel.active else next(model.parameters()).device
         )
-        self.autocast_dtype = preferred_dtype(self.device.type)
+        self.autocast_dtype = (
+            preferred_dtype(self.device.type) if config.precision == "auto" else torch.float32
+        )
         self.parameter_count = sum(p.numel() for p in model.parameters())
         self.checkpointing = config.gradient_checkpointing == "on" or (
             config.gradient_checkpointing == "auto" and self.parameter_count >= CHECKPOINTING_FROM
@@ -133,6 +143,12 @@ class Policy:
         # The last logit chunk "auto" shortened: (positions it took, positions configured).
         self.shortened_logit_chunk: tuple[int, int] | None = None
         self._recomputing = self.checkpointing
+        # Under bf16 autocast every pass rounds the frozen Linear weights a LoRA adapts to bf16
+        # anyway: holding them so gives the same products without an fp32 copy (0.72 GB of
+        # Qwen2.5-Coder-0.5B's 2.0) and without a cast per pass (`frozen_linear_to`).
+        self.frozen_dtype = torch.float32
+        if config.lora and self.autocast_dtype != torch.float32 and not parallel.active:
+            self.frozen_dtype = frozen_linear_to(model, self.autocast_dtype)
         sharded = parallel.sharding == "fsdp"
         # The per-token log-probs as one module, owned by the data-parallel wrapper (FSDP2 or
         # DDP), which reduces the gradients.
@@ -251,6 +267,13 @@ class Policy:
 
     # -- forward passes --------------------------------------------------------------------
 
+    def generation_context(self) -> contextlib.AbstractContextManager[Any]:
+        """What a generator sampling from this very model runs under: the autocast its frozen
+        bf16 weights need (`frozen_linear_to`), else nothing (it samples in fp32)."""
+        if self.frozen_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return self.autocast()
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """bf16 autocast where the hardware runs bf16 natively; nothing otherwise, and nothing
         under FSDP, whose mixed precision casts the weights itself."""
@@ -326,6 +349,8 @@ class Policy:
                     model = self._unsharded_copy(weights)
                 elif self.config.lora or cast:  # the trained model itself stays as it is
                     model = copy.deepcopy(self.model)
+                if self.frozen_dtype != torch.float32 and not sharded:
+                    model = model.float()  # merged in fp32 as below, not in the frozen dtype
                 if self.config.lora:
                     model = model.merge_and_unload()
                 if cast:  # merged in fp32 first: the adapter's update is not rounded twice
@@ -491,6 +516,21 @@ def _with_lora(model: PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
+
+
+def frozen_linear_to(model: PreTrainedModel, dtype: torch.dtype) -> torch.dtype:
+    """Hold the frozen weights and biases of `model`'s Linear layers in `dtype`, the output
+    head's aside (it may be the input embedding's weight, and the embedding's output is the
+    residual stream, kept in fp32); returns `dtype`. Only for passes under autocast to `dtype`,
+    which casts those weights so in every pass: outside it a Linear would meet fp32 inputs."""
+    head = model.get_output_embeddings()
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            continue
+        for parameter in module.parameters(recurse=False):
+            if not parameter.requires_grad and parameter.is_floating_point():
+                parameter.data = parameter.data.to(dtype)
+    return dtype
 
 
 def _frozen_copy(model: PreTrainedModel) -> PreTrainedModel:

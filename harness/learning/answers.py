@@ -126,7 +126,10 @@ def train_answers(
     policy, config = load_policy(settings.training, sampled)
     # The generator samples from the very model being trained: each step is seen at once.
     generator = TransformersGenerator(
-        sampled.model, hf_model=policy.model, tokenizer=policy.tokenizer
+        sampled.model,
+        hf_model=policy.model,
+        tokenizer=policy.tokenizer,
+        context=policy.generation_context,
     )
     evals: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []

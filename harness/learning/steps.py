@@ -255,7 +255,10 @@ def trainer_generator(config: CampaignSettings, trainer: CampaignTrainer) -> Gen
 
         # The same model object: every optimiser step is visible to the next generation.
         return TransformersGenerator(
-            config.model, hf_model=trainer.policy.model, tokenizer=trainer.policy.tokenizer
+            config.model,
+            hf_model=trainer.policy.model,
+            tokenizer=trainer.policy.tokenizer,
+            context=trainer.policy.generation_context,
         )
     generator = base_generator(config)
     try:

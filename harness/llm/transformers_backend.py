@@ -11,7 +11,8 @@ dropped from the batch instead of being computed until the longest one ends.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from harness.config.errors import UserError
@@ -53,13 +54,16 @@ class TransformersGenerator:
         device: str | None = None,
         batch_rows: int = DEFAULT_BATCH_ROWS,
         cache_dir: str | None = None,
+        context: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         """Load `model` (see `trainer.models.resolve_model`), or wrap an already-loaded one.
 
         With `hf_model` and `tokenizer` given, `model` is only the name reported back, and the
         wrapped model is the one sampled from however it changes (the trainer's, stepped in
-        place: `load_weights` has nothing to do).
+        place: `load_weights` has nothing to do); `context` makes what each sampling pass
+        runs under (the trainer's `Policy.generation_context`).
         """
+        self.context = context or nullcontext
         self.model = model
         self.batch_rows = max(1, batch_rows)
         self.wraps_model = hf_model is not None
@@ -126,16 +130,17 @@ class TransformersGenerator:
                 if deadline is not None and deadline.passed():  # before a prefill, one long pass
                     done = sum(map(len, completions))
                     raise deadline.error(f"{done} of {len(prompts) * n} completions done")
-                rows = _sample(
-                    self.hf_model,
-                    [prompt_ids[i] for i, _ in batch],
-                    [copies for _, copies in batch],
-                    sampling,
-                    self.stops,
-                    self.pad_id,
-                    rng,
-                    deadline,
-                )
+                with self.context():
+                    rows = _sample(
+                        self.hf_model,
+                        [prompt_ids[i] for i, _ in batch],
+                        [copies for _, copies in batch],
+                        sampling,
+                        self.stops,
+                        self.pad_id,
+                        rng,
+                        deadline,
+                    )
                 owners = [i for i, copies in batch for _ in range(copies)]
                 for owner, (tokens, logprobs, finish) in zip(owners, rows, strict=True):
                     completions[owner].append(
