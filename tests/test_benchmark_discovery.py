@@ -341,3 +341,36 @@ def test_the_discovery_reward_arms_are_paired_against_grpo_and_the_papers_vpo_to
     assert cells[-1] == "+0.1000 [+0.1000, +0.1000] |"
     # No paper's VPO in the grid: no table against it.
     assert discovery_report.paired_table(runs, [0], "vpo") == []
+
+
+def test_the_probe_counts_the_slots_above_the_seed(tmp_path: Path) -> None:
+    """benchmarks/probe.py's `score` through a real campaign's parsing and sandbox: a slot
+    counts as above the seed when its fit_id beats the seed's by MARGIN (issue 57's
+    discovery); a copy of the seed, an unparsed slot and a worse equation do not, and two slots
+    of one program are one distinct program."""
+    from harness.config.settings import build
+    from harness.evaluation.sandbox import Sandbox
+    from harness.evolution.loop import prepare
+    from harness.store import Store
+    from problems.equation_discovery import EquationDiscovery
+
+    probe = _load("probe")
+    problem = EquationDiscovery("oscillator1")
+    better = "params[0] * x + params[1] * v**3 + params[2] * x**3 + params[3] * x * v"
+    seed = "params[0] * x + params[1] * v + params[2]"
+    texts = [
+        f"<candidate_1>{better}</candidate_1><candidate_2>{seed}</candidate_2>",
+        f"<candidate_1>params[0] * x</candidate_1><candidate_2>{better}</candidate_2>",
+        "<candidate_1>not an expression(</candidate_1>",
+    ]
+    config = build({"problem": problem.name, "candidates": 2, "form": "compact"})
+    store = Store.open(tmp_path / "probe.db")
+    campaign_id = store.create_campaign("probe", problem.name, config.to_dict(), 0)
+    with Sandbox(workers=2) as box:
+        campaign = prepare(config, store, problem, campaign_id, box)
+        seed_program = store.program(campaign.seed_id)
+        measured = probe.score(texts, campaign, seed_program.code, seed_program.scores["fit_id"])
+    store.close()
+    assert measured["slots"] == 6 and measured["valid"] == 4
+    assert measured["above"] == 2 and measured["above_distinct"] == 1
+    assert measured["best"][0] >= seed_program.scores["fit_id"] + probe.MARGIN
