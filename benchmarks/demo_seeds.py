@@ -304,7 +304,7 @@ def memory_parts(
         shared = " (the transformers generator samples from them)" * (backend == "transformers")
         held = weights * FP32_BYTES
         how = f"computed: {how} x 4 B (fp32){shared}"
-        if lora and dtype_bytes < FP32_BYTES:  # trainer.policy.frozen_linear_to
+        if lora and dtype_bytes < FP32_BYTES:  # trainer.adapters.frozen_linear_to
             held -= linear * (FP32_BYTES - dtype_bytes)
             how += (
                 f", but the {linear:,} of the frozen linear layers x {dtype_bytes} B ({dtype_name})"

@@ -211,6 +211,7 @@ def probe(
         prompt = build_prompt(
             problem, seed_program, [], config.candidates, compact=campaign.compact
         )
+        seed_first = seed_program.scores.get(problem.objectives[0].name, 0.0)
         generator = base_generator(config)
         try:
             for step in steps:
@@ -222,10 +223,7 @@ def probe(
                     generator.load_weights(SavedVersion(folder, step, record.name, policy))
                     del policy
                 texts = sample_version(generator, prompt, completions, seed, config)
-                first = problem.objectives[0].name
-                measured = score(
-                    texts, campaign, seed_program.code, seed_program.scores.get(first, 0.0)
-                )
+                measured = score(texts, campaign, seed_program.code, seed_first)
                 rows.append((step, {**measured, "completions": texts}))
                 shown = {k: v for k, v in measured.items() if k not in ("best_at", "objectives")}
                 print(step_name(step), shown, flush=True)

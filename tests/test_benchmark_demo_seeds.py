@@ -140,7 +140,7 @@ def test_the_parameter_counts_are_the_models_and_peft_adds_that_adapter(tiny_mod
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.policy import LORA_TARGETS
+    from trainer.adapters import LORA_TARGETS
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model))

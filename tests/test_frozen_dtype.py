@@ -1,5 +1,5 @@
 """A LoRA policy trained under bf16 autocast holds its frozen Linear weights in bf16
-(`trainer.policy.frozen_linear_to`): autocast rounded them so in every pass, so the products,
+(`trainer.adapters.frozen_linear_to`): autocast rounded them so in every pass, so the products,
 the log-probs and the adapter's gradients are the same, bit for bit; it takes less memory; a
 merge for publishing is made in fp32; and a generator sampling from the very model (the
 transformers backend) runs under the policy's autocast and samples what it sampled before."""
@@ -12,9 +12,10 @@ from safetensors.torch import load_file
 
 from harness.llm import Sampling
 from harness.llm.transformers_backend import TransformersGenerator
+from trainer.adapters import frozen_linear_to
 from trainer.logprobs import completion_logprobs, token_batch
 from trainer.models import preferred_dtype
-from trainer.policy import Policy, PolicyConfig, frozen_linear_to
+from trainer.policy import Policy, PolicyConfig
 
 ROWS = [([5, 9, 14, 3, 8], [21, 7, 30], None), ([11, 4, 6], [2, 19, 25, 13], None)]
 MESSAGES = [[{"role": "user", "content": "Name three prime numbers."}]]

@@ -274,7 +274,7 @@ def test_the_trainers_own_engine_loads_a_version_from_memory_with_no_merged_copy
         assert weights.get_tensor(name).dtype == torch.bfloat16
         assert torch.equal(weights.get_tensor(name), expected.to(torch.bfloat16))
     # ... and the policy itself is left as it was: its adapter in fp32, its frozen linear
-    # layers in the dtype it computes in (trainer.policy.frozen_linear_to).
+    # layers in the dtype it computes in (trainer.adapters.frozen_linear_to).
     assert [p.dtype for p in policy.model.parameters()] == held
     assert {p.dtype for p in policy.model.parameters() if p.requires_grad} == {torch.float32}
 

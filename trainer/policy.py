@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.activations import ActivationCost, free_memory, pass_needs_recompute
+from trainer.adapters import frozen_copy, frozen_linear_to, recompute, with_lora
 from trainer.distributed import ALONE, Parallel, decoder_layers
 from trainer.logprobs import TokenLogprobs
 from trainer.models import ModelError, load_model, load_tokenizer, preferred_dtype
@@ -57,8 +58,6 @@ PRECISIONS = ("auto", "float32")
 # arithmetic for 8B models in docs/training.md). Below it, one process turns it on for each pass
 # whose activations would not fit (trainer/activations.py).
 CHECKPOINTING_FROM = 1_000_000_000
-# Every linear layer of a Llama-style block; peft's "all-linear" picks the same on most models.
-LORA_TARGETS = "all-linear"
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ class Policy:
             config.gradient_checkpointing == "auto" and self.parameter_count >= CHECKPOINTING_FROM
         )
         if self.checkpointing:
-            _recompute(model, True)
+            recompute(model, True)
         # "auto" below CHECKPOINTING_FROM decides pass by pass, on one process only (under DDP or
         # FSDP every process must recompute alike, or their collectives would not pair up).
         auto = config.gradient_checkpointing == "auto"
@@ -187,9 +186,9 @@ class Policy:
         model = load_model(name, dtype=torch.float32, device=config.device, cache_dir=cache_dir)
         reference = None
         if config.lora:
-            model = _with_lora(model, config)
+            model = with_lora(model, config)
         elif config.reference:
-            reference = _frozen_copy(model)
+            reference = frozen_copy(model)
         model.train()
         return cls(model, tokenizer, config, base=name, reference=reference, parallel=parallel)
 
@@ -230,7 +229,7 @@ class Policy:
             )
             # The reference is the policy the training started from, not this checkpoint.
             reference = (
-                _frozen_copy(
+                frozen_copy(
                     load_model(
                         state["base"],
                         dtype=torch.float32,
@@ -301,11 +300,11 @@ class Policy:
         this pass when its activations would take more than SHARE of the memory free."""
         if not self.auto_checkpointing:
             return self.checkpointing
-        recompute = pass_needs_recompute(self, batch, logit_chunk)
-        if recompute != self._recomputing:
-            _recompute(self.model, recompute)
-            self._recomputing = recompute
-        return recompute
+        needed = pass_needs_recompute(self, batch, logit_chunk)
+        if needed != self._recomputing:
+            recompute(self.model, needed)
+            self._recomputing = needed
+        return needed
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -400,7 +399,7 @@ class Policy:
     def _unsharded_copy(self, weights: dict[str, torch.Tensor]) -> PreTrainedModel:
         model = load_model(self.base, dtype=torch.float32, device="cpu")
         if self.config.lora:
-            model = _with_lora(model, self.config)
+            model = with_lora(model, self.config)
         result = model.load_state_dict(weights, strict=False)
         missing = [k for k in result.missing_keys if k not in _tied_names(model)]
         if missing or result.unexpected_keys:
@@ -444,14 +443,6 @@ class Policy:
             optim_state_dict=state.get("optimizer", {}),
             options=_trained_only(strict=False),  # the frozen base came from the folder
         )
-
-
-def _recompute(model: Any, on: bool) -> None:
-    """Turn activation checkpointing of `model`'s decoder layers on or off."""
-    if on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_disable()
 
 
 def _trained_only(strict: bool = True) -> Any:
@@ -501,40 +492,3 @@ def _atomic_folder(folder: str | os.PathLike[str], parallel: Parallel = ALONE) -
         if parallel.main:
             shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _with_lora(model: PreTrainedModel, config: PolicyConfig) -> PreTrainedModel:
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as error:  # peft is a dependency; a broken install lands here
-        raise ModelError(f"LoRA needs peft ({error}); pip install peft") from error
-    lora = LoraConfig(
-        r=config.lora_rank,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=LORA_TARGETS,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora)
-
-
-def frozen_linear_to(model: PreTrainedModel, dtype: torch.dtype) -> torch.dtype:
-    """Hold the frozen weights and biases of `model`'s Linear layers in `dtype`, the output
-    head's aside (it may be the input embedding's weight, and the embedding's output is the
-    residual stream, kept in fp32); returns `dtype`. Only for passes under autocast to `dtype`,
-    which casts those weights so in every pass: outside it a Linear would meet fp32 inputs."""
-    head = model.get_output_embeddings()
-    for module in model.modules():
-        if not isinstance(module, torch.nn.Linear) or module is head:
-            continue
-        for parameter in module.parameters(recurse=False):
-            if not parameter.requires_grad and parameter.is_floating_point():
-                parameter.data = parameter.data.to(dtype)
-    return dtype
-
-
-def _frozen_copy(model: PreTrainedModel) -> PreTrainedModel:
-    reference = copy.deepcopy(model)
-    reference.eval()
-    reference.requires_grad_(False)
-    return reference

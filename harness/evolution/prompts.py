@@ -195,15 +195,9 @@ def _score(program: ProgramRecord, name: str, raw: bool = True) -> str:
     known; raw ...)`, since four decimals alone would hide a record by a hair. `raw=False`
     leaves the raw value out."""
     score = program.scores.get(name, 0.0)
-    raw_value = program.raw.get(name) if raw else None
-    notes = "; ".join(
-        note
-        for note in (
-            record_note(score),
-            None if raw_value is None else f"raw {raw_value:.10g}",
-        )
-        if note
-    )
+    value = program.raw.get(name) if raw else None
+    shown = None if value is None else f"raw {value:.10g}"
+    notes = "; ".join(note for note in (record_note(score), shown) if note)
     return f"{name} {score:.4f} ({notes})" if notes else f"{name} {score:.4f}"
 
 
