@@ -75,15 +75,21 @@ def open_campaign(store: Store, config: CampaignSettings, problem: Problem) -> i
 
 
 def ensure_seed(
-    store: Store, campaign_id: int, problem: Problem, sandbox: Sandbox, limits: Limits
+    store: Store,
+    campaign_id: int,
+    problem: Problem,
+    sandbox: Sandbox,
+    limits: Limits,
+    islands: int = 1,
 ) -> ProgramRecord:
-    """The seed program, evaluated and stored once per campaign (never again on resume)."""
+    """The seed program, evaluated and stored once per campaign (never again on resume), with
+    a copy on each of the other `islands`."""
     seeds = store.programs(campaign_id, origin="seed", limit=1)
     if seeds:
         return seeds[0]
     evaluation = evaluate(problem, problem.seed_program, sandbox, limits)
     seed = new_program(problem.seed_program, evaluation)
-    program_id = store.add_program(campaign_id, seed, the_seed=True)
+    program_id = store.add_program(campaign_id, seed, the_seed=True, islands=islands)
     record = store.program(program_id)
     assert record is not None
     return record
@@ -187,7 +193,8 @@ def prepare(
         memory_mb=int(problem.memory_mb),
     )
     compact = compact_form(config, problem)
-    seed = ensure_seed(store, campaign_id, problem, sandbox, limits)
+    islands = config.islands if config.strategy == "evolve" else 1
+    seed = ensure_seed(store, campaign_id, problem, sandbox, limits, islands)
     objectives = [o.name for o in problem.objectives]
     run = CampaignRun(
         config,

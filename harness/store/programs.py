@@ -79,20 +79,32 @@ class Campaigns(Database):
         lineage: Lineage = SEED,
         *,
         the_seed: bool = False,
+        islands: int = 1,
     ) -> int:
         """Store a program, its scores and a `program_added` event in one transaction.
 
         `the_seed`: this is the campaign's one seed; if another process stored it first, its
-        id is returned and nothing is written."""
+        id is returned and nothing is written. With `islands` > 1 the seed lands on island 0
+        and, in the same transaction, a copy of it (origin "migration", the seed its parent)
+        on each other island, so that every island starts from the seed, as FunSearch's do:
+        an island that started empty would take its first valid child, however poor, as the
+        only parent it knows."""
         check_program(program, lineage.origin)
         with self._writing() as connection:
             if the_seed:
                 existing = _the_seed(connection, campaign_id)
                 if existing is not None:
                     return existing
+            now = utc_now()
             [program_id] = insert_programs(
-                connection, campaign_id, [(program, lineage)], utc_now(), log=True
+                connection, campaign_id, [(program, lineage)], now, log=True
             )
+            if the_seed and islands > 1:
+                copies = [
+                    (program, Lineage("migration", program_id, island, lineage.generation))
+                    for island in range(1, islands)
+                ]
+                insert_programs(connection, campaign_id, copies, now, log=True)
             return program_id
 
     def record_event(self, campaign_id: int, kind: str, payload: dict[str, Any]) -> int:
