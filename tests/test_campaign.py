@@ -69,6 +69,34 @@ def test_best_of_n_always_prompts_with_the_seed(tiny_model: str, tmp_path: Path)
     assert parents == {seed.id} and drafts == 0
 
 
+def test_every_island_starts_from_the_seed(tmp_path: Path) -> None:
+    """A new campaign stores the seed on island 0 and a copy of it on each other island, once:
+    a resumed run adds none, and a best-of-n campaign (one prompt, no islands) none at all."""
+    store = Store.open(tmp_path / "campaign.db")
+    problem = CirclePacking()
+    config = build({"problem": "circle_packing", "islands": 3})
+    campaign_id = store.create_campaign("islands", problem.name, config.to_dict(), 0)
+    with Sandbox(workers=2) as sandbox:
+        run = prepare(config, store, problem, campaign_id, sandbox)
+        prepare(config, store, problem, campaign_id, sandbox)  # a resume
+    programs = store.programs(campaign_id)
+    seed = store.program(run.seed_id)
+    assert [(p.origin, p.island) for p in programs] == [
+        ("seed", 0),
+        ("migration", 1),
+        ("migration", 2),
+    ]
+    for copy in programs[1:]:
+        assert copy.parent_id == seed.id and copy.code_hash == seed.code_hash
+        assert copy.scores == seed.scores and copy.status == seed.status == "ok"
+    assert sorted(run.population.islands.tolist()) == [0, 1, 2]
+    config = build({"problem": "circle_packing", "islands": 3, "strategy": "best-of-n"})
+    other = store.create_campaign("best-of-n", problem.name, config.to_dict(), 0)
+    with Sandbox(workers=1) as sandbox:
+        prepare(config, store, problem, other, sandbox)
+    assert [p.origin for p in store.programs(other)] == ["seed"]
+
+
 def candidate_text(*programs: str) -> str:
     return "".join(
         f"<candidate_{i}>\n```python\n{code}\n```\n</candidate_{i}>\n"

@@ -218,7 +218,9 @@ def test_a_lexicase_campaign_keeps_its_cases_beside_its_population(tmp_path, san
     program = new_program("a", _evaluation(0.3, [0.5, 0.1, 0.2, 0.3]))
     record_group(store, campaign, run.seed_id, _rollout(CandidateRecord(1, "new", program)))
     refresh_population(run)
-    assert run.cases.ids.tolist() == run.population.ids.tolist() == [1, 2]
-    assert run.cases.scores[1].tolist() == [0.5, 0.1, 0.2, 0.3]
-    assert run.population.scores[1].tolist() == [0.3, 0.15, 0.5]
+    # the seed (1), its copies on islands 1-3 (2-4) with its case scores, the new program (5)
+    assert run.cases.ids.tolist() == run.population.ids.tolist() == [1, 2, 3, 4, 5]
+    assert (run.cases.scores[1:4] == run.cases.scores[0]).all()
+    assert run.cases.scores[4].tolist() == [0.5, 0.1, 0.2, 0.3]
+    assert run.population.scores[4].tolist() == [0.3, 0.15, 0.5]
     store.close()
