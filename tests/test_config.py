@@ -255,3 +255,30 @@ def test_vpo_train_takes_every_shared_training_setting_as_the_campaign_flag() ->
     with pytest.raises(UserError, match="^--reward-reference must be none, parent"):
         _training(args, TrainSettings())
     assert set(TRAIN_FLAGS) <= set(SETTING_FLAGS)
+
+
+def test_a_reward_rule_is_one_entry_its_checks_help_and_docs_follow() -> None:
+    """REWARD_CHOICES is the one table of the reward rules with named choices: every choice is
+    named in its setting's help and in docs/training.md, the default is one of them, and a
+    value outside them is refused in one line by the settings and by `vpo train`'s flag."""
+    from harness.cli.parser import build_parser
+    from harness.cli.train import _checked_out
+    from harness.config.training import REWARD_CHOICES, REWARD_RULES, TrainSettings
+
+    docs = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    fields = TrainSettings.__dataclass_fields__
+    assert set(REWARD_RULES) <= set(fields)
+    for rule, choices in REWARD_CHOICES.items():
+        help_text = fields[rule].metadata["help"]
+        assert fields[rule].default in choices
+        for choice in choices:
+            assert choice in help_text, (rule, choice)
+            assert f"`{choice}`" in docs or f'"{choice}"' in docs, (rule, choice)
+        listed = ", ".join(choices)
+        listed = listed[::-1].replace(" ,", " ro ", 1)[::-1]  # "a, b or c"
+        with pytest.raises(UserError, match=f"^config key '{rule}' must be {listed}$"):
+            TrainSettings(**{rule: "nothing"})
+        flag = "--" + rule.replace("_", "-")
+        args = build_parser().parse_args(["train", "--db", "x.db", flag, "nothing"])
+        with pytest.raises(UserError, match=f"^{flag} must be {listed}, not 'nothing'$"):
+            _checked_out(args)

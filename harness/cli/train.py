@@ -29,18 +29,18 @@ from harness.config.settings import CAMPAIGN_KEYS, TRAINING_KEYS, build
 from harness.config.training import (
     ANSWER_TRAINING,
     DEFAULT_MODEL,
-    DUPLICATE_REWARDS,
     FOLLOW_EVERY,
-    FORMAT_REWARDS,
     GRADIENT_CHECKPOINTING,
     LORA_LEARNING_RATE,
     OLD_LOGPROBS,
+    REWARD_CHOICES,
     REWARD_RULES,
     AnswerSettings,
     OfflineSettings,
     Sampling,
     TrainSettings,
     trained_temperature,
+    unknown_choice,
 )
 from trainer.estimators import unknown
 
@@ -193,15 +193,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _checked_out(args: argparse.Namespace) -> Path:
     """The folder the model goes to, once the flags are known to make sense together."""
-    if args.duplicate_reward not in (None, *DUPLICATE_REWARDS):
-        raise UserError(
-            f"--duplicate-reward must be {' or '.join(DUPLICATE_REWARDS)}, "
-            f"not {args.duplicate_reward!r}"
-        )
-    if args.format_reward not in (None, *FORMAT_REWARDS):
-        raise UserError(
-            f"--format-reward must be {' or '.join(FORMAT_REWARDS)}, not {args.format_reward!r}"
-        )
+    for rule in REWARD_CHOICES:
+        value = getattr(args, rule, None)
+        if value is not None and (why := unknown_choice(rule, value)):
+            raise UserError(f"--{rule.replace('_', '-')}{why[len(rule):]}")
     if args.overlong_buffer is not None and args.overlong_buffer < 0:
         raise UserError(
             f"--overlong-buffer must be a whole number >= 0, not {args.overlong_buffer}"

@@ -15,12 +15,34 @@ from trainer.estimators import MEASURED, NAMES, SINGLE_CANDIDATE, one_of
 # torch, so reading a config never does).
 ADVANTAGES = NAMES
 SINGLE_CANDIDATE_ADVANTAGES = SINGLE_CANDIDATE
-DUPLICATE_REWARDS = ("zero", "keep")
-FORMAT_REWARDS = ("partial", "whole")
-# What a group's set score is measured against (harness/learning/rewards.py `references`).
-REFERENCES = ("none", "parent", "island", "campaign")
-VECTORS = ("objectives", "cases")
-GAINS = ("clipped", "signed")
+# The reward rules that take a named choice, each choice with what it pays: one entry per rule.
+# TrainSettings checks a value against it, `vpo train` checks its flags with it, and
+# tests/test_config.py ties each choice to the setting's help and to docs/training.md.
+# harness/learning/rewards.py applies them (`to_group`, `references`, `set_scores`).
+REWARD_CHOICES: dict[str, dict[str, str]] = {
+    "duplicate_reward": {
+        "zero": "a candidate repeating its parent or a stored program earns nothing",
+        "keep": "it earns that program's scores",
+    },
+    "format_reward": {
+        "partial": "a rollout whose m candidates did not all parse scores its parsed ones",
+        "whole": "it scores nothing",
+    },
+    "reward_reference": {
+        "none": "the set score is absolute, as in the VPO paper",
+        "parent": "the gain over the parent's vector under each weighting",
+        "island": "the gain over the front its island held before the group",
+        "campaign": "the gain over the front the campaign held before the group",
+    },
+    "vector": {
+        "objectives": "a step trains on the campaign's objectives",
+        "cases": "on its problem's separate cases",
+    },
+    "gain": {
+        "clipped": "a rollout earns its gain over the reference, 0 at worst",
+        "signed": "its gain or its loss",
+    },
+}
 OLD_LOGPROBS = ("auto", "sampler", "recompute")
 GRADIENT_CHECKPOINTING = ("auto", "on", "off")  # trainer.policy's, without importing torch
 SWITCHES = ("auto", "on", "off")
@@ -31,8 +53,14 @@ KEEP_VERSIONS = 3
 DEFAULT_MODEL = "smollm2"
 # What a rollout is paid by (harness/learning/rewards.py `to_group`): offline training on a
 # campaign's groups scores them by the campaign's rules.
-REWARD_RULES = ("duplicate_reward", "format_reward", "overlong_buffer", "reward_reference",
-                "slot_cost", "vector", "gain")  # fmt: skip
+REWARD_RULES = (*REWARD_CHOICES, "overlong_buffer", "slot_cost")
+
+
+def unknown_choice(rule: str, value: str) -> str | None:
+    """Why `value` is no choice of the reward rule `rule` (`rule must be a or b, not 'c'`), or
+    None: the settings and `vpo train`'s flags say it so."""
+    choices = tuple(REWARD_CHOICES[rule])
+    return None if value in choices else f"{rule} must be {one_of(choices)}, not {value!r}"
 
 
 @dataclass(frozen=True)
@@ -226,16 +254,9 @@ class TrainSettings:
         require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
         require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
         require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
-        require(
-            self.duplicate_reward in DUPLICATE_REWARDS,
-            "duplicate_reward",
-            " or ".join(DUPLICATE_REWARDS),
-        )
-        require(self.format_reward in FORMAT_REWARDS, "format_reward", " or ".join(FORMAT_REWARDS))
+        for rule, choices in REWARD_CHOICES.items():
+            require(getattr(self, rule) in choices, rule, one_of(tuple(choices)))
         require(self.overlong_buffer >= 0, "overlong_buffer", "a whole number >= 0 (0: off)")
-        require(self.reward_reference in REFERENCES, "reward_reference", ", ".join(REFERENCES))
-        require(self.vector in VECTORS, "vector", " or ".join(VECTORS))
-        require(self.gain in GAINS, "gain", " or ".join(GAINS))
         require(
             self.gain == "clipped" or self.reward_reference != "none",
             "gain",

@@ -119,10 +119,11 @@ def references(
     objectives: list[str],
     scope: str,
 ) -> dict[int, np.ndarray]:
-    """Group id -> the (P, d) vectors its set score is measured against under `scope`
-    (REFERENCES): its parent's scores (none where the prompt had no scored parent), or the
-    front of the programs its island or the campaign held when the group was stored (those
-    written by earlier groups, and the seeds). "none": no entry."""
+    """Group id -> the (P, d) vectors its set score is measured against under `scope` (the
+    choices of `reward_reference` in harness/config/training.py's REWARD_CHOICES): its parent's
+    scores (none where the prompt had no scored parent), or the front of the programs its
+    island or the campaign held when the group was stored (those written by earlier groups, and
+    the seeds). "none": no entry."""
     if scope == "none" or not groups:
         return {}
     if scope == "parent":
