@@ -20,17 +20,39 @@ LORA_TARGETS = "all-linear"
 
 
 def with_lora(model: PreTrainedModel, config: Any) -> PreTrainedModel:
-    """`model` with a LoRA adapter of `config`'s rank, alpha and dropout (a PolicyConfig)."""
+    """`model` with a LoRA adapter of `config`'s rank, alpha and dropout (a PolicyConfig), on
+    every linear layer of its top `config.lora_layers` decoder layers (0: of all of them)."""
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as error:  # peft is a dependency; a broken install lands here
         raise ModelError(f"LoRA needs peft ({error}); pip install peft") from error
+    layers = int(getattr(model.config, "num_hidden_layers", 0) or 0)
+    top = getattr(config, "lora_layers", 0)
+    if top and not 0 < top <= layers:
+        raise ModelError(f"lora_layers must be at most the model's {layers} layers, not {top}")
+    targets: Any = LORA_TARGETS
+    chosen: dict[str, Any] = {}
+    if top:
+        # peft takes a layer range only with the modules named: every Linear of a decoder
+        # layer, which is what "all-linear" picks there.
+        targets = sorted(
+            {
+                name.rsplit(".", 1)[-1]
+                for name, module in model.named_modules()
+                if ".layers." in name and isinstance(module, torch.nn.Linear)
+            }
+        )
+        chosen = {
+            "layers_to_transform": list(range(layers - top, layers)),
+            "layers_pattern": "layers",
+        }
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
-        target_modules=LORA_TARGETS,
+        target_modules=targets,
         task_type="CAUSAL_LM",
+        **chosen,
     )
     return get_peft_model(model, lora)
 
@@ -54,6 +76,11 @@ def recompute(model: Any, on: bool) -> None:
     """Turn activation checkpointing of `model`'s decoder layers on or off."""
     if on:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers then makes the embeddings' output require a gradient, which re-entrant
+        # checkpointing needs and this one does not: the backward would run down to the
+        # embedding through every layer, those below a top-layer adapter included, for a
+        # gradient nothing trains on.
+        model.disable_input_require_grads()
     else:
         model.gradient_checkpointing_disable()
 

@@ -70,6 +70,9 @@ class PolicyConfig:
     lora_rank: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0
+    # The adapter on the top N decoder layers only (0: every layer). The backward pass then
+    # stops at the lowest adapted layer: the layers below it run forward only, once.
+    lora_layers: int = 0
     reference: bool = True  # keep a frozen reference for the KL term
     # Recompute each decoder layer's activations in the backward pass instead of keeping them:
     # "auto" from CHECKPOINTING_FROM parameters, and below that (one process) for each pass
@@ -86,6 +89,8 @@ class PolicyConfig:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.lora and self.lora_rank < 1:
             raise ValueError(f"lora_rank must be >= 1, got {self.lora_rank}")
+        if self.lora_layers < 0:
+            raise ValueError(f"lora_layers must be >= 0 (0: every layer), got {self.lora_layers}")
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip must be >= 0, got {self.grad_clip}")
         if self.gradient_checkpointing not in GRADIENT_CHECKPOINTING:

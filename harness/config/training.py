@@ -102,6 +102,12 @@ class TrainSettings:
     )  # the VPO paper's full fine-tuning rate
     lora: bool = setting(False, "train a LoRA adapter", group=TRAINING)
     lora_rank: int = setting(16, "LoRA rank ({default})", group=TRAINING)
+    lora_layers: int = setting(
+        0,
+        "the LoRA adapter on the model's top N decoder layers only, so the backward pass stops "
+        "at the lowest of them ({default}: every layer)",
+        group=TRAINING,
+    )
     kl_beta: float = setting(
         1e-3, "KL weight ({default})", group=TRAINING
     )  # weight of the k3 KL to the initial policy
@@ -252,6 +258,7 @@ class TrainSettings:
         require(self.train_every >= 0, "train_every", "a whole number >= 0 (0: no training)")
         require(self.advantage in ADVANTAGES, "advantage", one_of(ADVANTAGES))
         require(self.lora_rank >= 1, "lora_rank", "a whole number >= 1")
+        require(self.lora_layers >= 0, "lora_layers", "a whole number >= 0 (0: every layer)")
         require(self.dirichlet_weights >= 1, "dirichlet_weights", "a whole number >= 1")
         require(self.micro_batch >= 1, "micro_batch", "a whole number >= 1")
         for rule, choices in REWARD_CHOICES.items():

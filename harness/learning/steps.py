@@ -97,6 +97,7 @@ def load_policy(
                 lr=settings.learning_rate,
                 lora=settings.lora,
                 lora_rank=settings.lora_rank,
+                lora_layers=settings.lora_layers,
                 reference=settings.kl_beta > 0,
                 gradient_checkpointing=settings.gradient_checkpointing,
                 device=device,
