@@ -200,11 +200,11 @@ def model_folder(model: str) -> Path:
 
 
 @functools.cache
-def parameter_counts(model: str, lora_rank: int) -> tuple[int, int, int]:
+def parameter_counts(model: str, lora_rank: int, lora_layers: int = 0) -> tuple[int, int, int]:
     """(the model's parameters, a LoRA adapter's of `lora_rank` on every linear layer but the
-    head, as the trainer's "all-linear" adds it, and those linear layers' own weights and
-    biases), from the shapes in its safetensors headers: nothing is loaded. Tied embeddings
-    count once."""
+    head, as the trainer's "all-linear" adds it, or on those of the top `lora_layers` decoder
+    layers only, and the linear layers' own weights and biases), from the shapes in its
+    safetensors headers: nothing is loaded. Tied embeddings count once."""
     folder = model_folder(model)
     shapes: dict[str, list[int]] = {}
     for file in sorted(folder.glob("*.safetensors")):
@@ -223,7 +223,19 @@ def parameter_counts(model: str, lora_rank: int) -> tuple[int, int, int]:
         for name, shape in shapes.items()
         if len(shape) == 2 and name.endswith(".weight") and not name.endswith(embeddings)
     ]
-    adapter = sum(lora_rank * (rows + columns) for rows, columns in linear)  # B (out x r), A
+    layers = int(config.get("num_hidden_layers", 0))
+
+    def adapted(name: str) -> bool:
+        if not lora_layers:
+            return True
+        index = name.split(".layers.", 1)[1].split(".", 1)[0] if ".layers." in name else ""
+        return index.isdigit() and int(index) >= layers - lora_layers
+
+    adapter = sum(  # B (out x r) and A (r x in)
+        lora_rank * (shape[0] + shape[1])
+        for name, shape in shapes.items()
+        if shape in linear and name.endswith(".weight") and adapted(name)
+    )
     weights = {name.removesuffix(".weight") for name, shape in shapes.items() if shape in linear}
     biases = [s for n, s in shapes.items() if n.endswith(".bias") and n[:-5] in weights]
     own = sum(math.prod(shape) for shape in [*linear, *biases])
@@ -253,7 +265,9 @@ def memory_parts(
         return {}
     training = settings["training"]
     trained = training["train_every"] > 0
-    parameters, adapter, linear = parameter_counts(settings["model"], training["lora_rank"])
+    parameters, adapter, linear = parameter_counts(
+        settings["model"], training["lora_rank"], training.get("lora_layers", 0)
+    )
     dtype = preferred_dtype("cpu")
     dtype_bytes = dtype.itemsize
     dtype_name = str(dtype).removeprefix("torch.")
@@ -297,7 +311,9 @@ def memory_parts(
     if trained:
         lora = training["lora"]
         weights = parameters + (adapter if lora else 0)
-        how = f"{count}" + (f" + {adapter:,} of LoRA rank {training['lora_rank']}" if lora else "")
+        top = training.get("lora_layers", 0)
+        on = f" on the top {top} layers" if top else ""
+        how = f"{count}" + (f" + {adapter:,} of LoRA rank {training['lora_rank']}{on}" * lora)
         if training["kl_beta"] > 0 and not lora:  # a frozen reference copy beside the policy
             weights += parameters
             how += f" + a frozen reference's {parameters:,}"

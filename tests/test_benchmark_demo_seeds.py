@@ -140,7 +140,8 @@ def test_the_parameter_counts_are_the_models_and_peft_adds_that_adapter(tiny_mod
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainer.adapters import LORA_TARGETS
+    from trainer.adapters import LORA_TARGETS, with_lora
+    from trainer.policy import PolicyConfig
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model))
@@ -156,6 +157,13 @@ def test_the_parameter_counts_are_the_models_and_peft_adds_that_adapter(tiny_mod
     adapted = get_peft_model(model, lora)
     adapter = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
     assert demo_seeds.parameter_counts(tiny_model, 8) == (parameters, adapter, linear)
+    # An adapter on the top layer only (of the tiny model's two), as the trainer puts it.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model))
+    top = with_lora(model, PolicyConfig(lora=True, lora_rank=8, lora_layers=1))
+    adapter = sum(p.numel() for p in top.parameters() if p.requires_grad)
+    assert 0 < adapter < sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    assert demo_seeds.parameter_counts(tiny_model, 8, 1) == (parameters, adapter, linear)
 
 
 def test_seeds_are_ranges_or_lists() -> None:
