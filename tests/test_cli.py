@@ -238,7 +238,13 @@ def test_run_stores_the_seed_once_and_resumes(tmp_path: Path) -> None:
     campaign = store.get_campaign("circle_packing")
     assert campaign is not None
     programs = store.programs(campaign.id)
-    assert [p.origin for p in programs] == ["seed"]
+    # once: the seed on island 0 and its copies on the other three, none added on resume
+    assert [(p.origin, p.island) for p in programs] == [
+        ("seed", 0),
+        ("migration", 1),
+        ("migration", 2),
+        ("migration", 3),
+    ]
     assert programs[0].status == "ok"
     assert programs[0].scores["n26"] == pytest.approx(26 / 12 * (1 - 1e-12) / 2.63598308)
 

@@ -80,8 +80,9 @@ def test_an_in_process_backend_gets_the_prompts_of_a_batch_in_one_call(
         campaign_invariants(store, campaign_id, 6, 2, 2)
         groups = groups_of(store, campaign_id)
     assert generator.calls == [4, 2]
-    # Iterations 0-3 were chosen before any was stored; 4 and 5 after the first batch.
-    assert {g.population["upto"] for g in groups[:4]} == {1}
+    # Iterations 0-3 were chosen before any was stored (the seed and its copies on the other
+    # three islands: programs 1-4); 4 and 5 after the first batch.
+    assert {g.population["upto"] for g in groups[:4]} == {4}
     assert all(g.skipped is None for g in groups)
 
 
