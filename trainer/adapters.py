@@ -27,7 +27,7 @@ def with_lora(model: PreTrainedModel, config: Any) -> PreTrainedModel:
     except ImportError as error:  # peft is a dependency; a broken install lands here
         raise ModelError(f"LoRA needs peft ({error}); pip install peft") from error
     layers = int(getattr(model.config, "num_hidden_layers", 0) or 0)
-    top = getattr(config, "lora_layers", 0)
+    top = config.lora_layers
     if top and not 0 < top <= layers:
         raise ModelError(f"lora_layers must be at most the model's {layers} layers, not {top}")
     targets: Any = LORA_TARGETS
