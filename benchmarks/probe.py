@@ -85,7 +85,7 @@ def score(
     from trainer.measures import best_at_k, pool_diversity
 
     problem, config = campaign.problem, campaign.config
-    expand = campaign.compact.program if campaign.compact else None
+    expand = campaign.compact.reader(seed_code) if campaign.compact else None
     group = classify_group(texts, config.candidates, seed_code, set(), problem.entry, expand)
     codes = sorted({c.code for r in group.rollouts for c in r.candidates if c.code is not None})
     evaluations = dict(

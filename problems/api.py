@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -133,12 +133,16 @@ class Compact(ABC):
     is scored), `what` names a part in the ask ("expression"), `example` is a part of the
     right shape that is not an answer. `advice`, where a form has it, says how a candidate is
     best made from the current part; the ask then uses it in place of asking for forms unlike
-    each other (see `harness.evolution.prompts`)."""
+    each other (see `harness.evolution.prompts`). `sketches`, where given, are the ask's
+    example candidates (placeholders, not answers); `opening` is text the answer's first
+    candidate is made to start with (the prompt puts it in the model's mouth)."""
 
     statement: str
     what: str
     example: str
     advice: str = ""
+    sketches: tuple[str, ...] = ()
+    opening: str = ""
 
     @abstractmethod
     def part(self, code: str) -> str | None:
@@ -149,6 +153,11 @@ class Compact(ABC):
     def program(self, text: str) -> str:
         """The program a candidate's text stands for; ValueError with a one-line reason when
         the text is not a part (a complete program is taken as it is)."""
+
+    def reader(self, parent_code: str) -> Callable[[str], str]:
+        """`program` for the candidates written against `parent_code`: a form whose candidates
+        may refer to their parent (an equation's `+ term`) reads them here."""
+        return self.program
 
 
 class Problem(ABC):

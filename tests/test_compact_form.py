@@ -162,9 +162,12 @@ def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     assert f"fit_id {best.scores['fit_id']:.4f}," in compact
     assert campaign.compact.advice and campaign.compact.advice in compact
     assert "genuinely different form" not in compact
-    # The answer is opened for the model: the compact prompt ends in the assistant's turn.
+    # The answer is opened for the model: the compact prompt ends in the assistant's turn,
+    # whose first candidate starts as a term added to the current expression; the example
+    # candidates show that form.
     opened = build_prompt(OSCILLATOR, best, [seed], 3, compact=campaign.compact)
-    assert opened[-1] == {"role": "assistant", "content": ANSWER_START}
+    assert opened[-1] == {"role": "assistant", "content": ANSWER_START + "\n+"}
+    assert "<candidate_1>\n+ params[3] * ...a new term...\n</candidate_1>" in compact
     assert build_prompt(OSCILLATOR, best, [seed], 3)[-1]["role"] == "user"
 
 
@@ -229,3 +232,55 @@ def test_a_problem_without_a_compact_form_is_a_one_line_error() -> None:
     assert "\n" not in str(caught.value)
     with pytest.raises(UserError, match="'form' must be program or compact"):
         build({"problem": problem.name, "form": "expression"})
+
+
+def test_a_term_after_plus_is_added_to_the_parent(tmp_path: Path) -> None:
+    """A candidate `+ <term>` (the form's opening) is the parent's expression with the term
+    added: through the campaign's path it is stored and scored as that whole expression, its
+    params renumbered past the parent's where they collide."""
+    from harness.config.settings import build
+    from harness.evolution.iteration import SampledIteration
+    from harness.evolution.loop import prepare
+    from harness.evolution.recording import evaluate_and_store
+    from harness.evolution.selection import Selection
+    from harness.llm import Completion
+    from harness.store import Store
+
+    config = build(
+        {"problem": OSCILLATOR.name, "candidates": 2, "group_size": 1, "form": "compact"}
+    )
+    store = Store.open(tmp_path / "campaign.db")
+    campaign_id = store.create_campaign("addition", OSCILLATOR.name, config.to_dict(), 0)
+    # What the model continues from the opened answer `<candidate_1>\n+`.
+    text = (
+        f"{ANSWER_START}\n+ params[0] * x * v\n</candidate_1>\n"
+        "<candidate_2>\n+ params[9] * v ** 3\n</candidate_2>"
+    )
+    with Sandbox(workers=2) as box:
+        campaign = prepare(config, store, OSCILLATOR, campaign_id, box)
+        seed = store.program(campaign.seed_id)
+        completion = Completion(text, (1, 2), None, "stop", (7, 8))
+        prompt = [{"role": "user", "content": "improve"}]
+        sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, [completion], [])
+        list(evaluate_and_store(campaign, [sampled]))
+        limits = Limits(wall_seconds=float(OSCILLATOR.time_limit), memory_mb=OSCILLATOR.memory_mb)
+        written_out = "params[0] * x + params[1] * v + params[2] + params[3] * x * v"
+        direct = evaluate(OSCILLATOR, OSCILLATOR.compact.program(written_out), box, limits)
+    stored = {OSCILLATOR.compact.part(p.code): p for p in store.programs(campaign_id, origin="llm")}
+    cubic = "params[0] * x + params[1] * v + params[2] + params[9] * v ** 3"
+    assert set(stored) == {written_out, cubic}
+    for name, value in direct.scores.items():
+        assert stored[written_out].scores[name] == value
+    assert stored[written_out].scores["fit_id"] > seed.scores["fit_id"] + 0.01
+
+
+def test_an_addition_needs_an_expression_to_add_to() -> None:
+    read = OSCILLATOR.compact.reader("this parent is not an expression (")
+    with pytest.raises(ValueError, match="write a whole expression"):
+        read("+ params[3] * x * v")
+    # A whole expression is read as ever, a leading minus included.
+    assert "return -params[0] * x" in read("-params[0] * x")
+    # Against the seed, the renumbered params must fit in ten.
+    full = " + ".join(f"params[{k}] * x ** {k}" for k in range(10))
+    with pytest.raises(ValueError, match="more than 10 params"):
+        OSCILLATOR.compact.reader(OSCILLATOR.compact.program(full))("+ params[0] * v")

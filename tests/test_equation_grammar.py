@@ -355,3 +355,27 @@ def _random_expression(rng: random.Random, depth: int = 0) -> str:
     if kind == 1:
         return f"np.{rng.choice(UNARY)}({_random_expression(rng, depth + 1)})"
     return f"-{_random_expression(rng, depth + 1)}"
+
+
+def test_an_addition_extends_the_current_expression() -> None:
+    inputs = ("x", "v")
+    seed = "params[0] * x + params[1] * v + params[2]"
+    # A free index is kept; one the current expression uses moves to the lowest free one.
+    assert grammar.extend(seed, "+ params[7] * x * v", inputs).text == (
+        "params[0] * x + params[1] * v + params[2] + params[7] * x * v"
+    )
+    assert grammar.extend(seed, "+ params[0] * x * v + params[1] * np.sin(v)", inputs).text == (
+        "params[0] * x + params[1] * v + params[2] + params[3] * x * v + params[4] * np.sin(v)"
+    )
+    # A minus after the plus subtracts; the whole is read again, so spellings are one text.
+    assert grammar.extend(seed, "+ -params[2] * x**2", inputs).text == (
+        "params[0] * x + params[1] * v + params[2] - params[3] * x ** 2"
+    )
+    with pytest.raises(grammar.Refused, match="starts with \\+"):
+        grammar.extend(seed, "params[3] * x", inputs)
+    with pytest.raises(grammar.Refused, match="`y`"):
+        grammar.extend(seed, "+ params[3] * y", inputs)
+    # The bounds hold for the sum: a term that takes it past them is refused.
+    long = " + ".join(["x * v"] * (grammar.MAX_NODES // 3))
+    with pytest.raises(grammar.Refused, match="over 40"):
+        grammar.extend(seed, "+ " + long, inputs)

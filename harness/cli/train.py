@@ -196,7 +196,7 @@ def _checked_out(args: argparse.Namespace) -> Path:
     for rule in REWARD_CHOICES:
         value = getattr(args, rule, None)
         if value is not None and (why := unknown_choice(rule, value)):
-            raise UserError(f"--{rule.replace('_', '-')}{why[len(rule):]}")
+            raise UserError(f"--{rule.replace('_', '-')}{why[len(rule) :]}")
     if args.overlong_buffer is not None and args.overlong_buffer < 0:
         raise UserError(
             f"--overlong-buffer must be a whole number >= 0, not {args.overlong_buffer}"

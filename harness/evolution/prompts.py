@@ -39,6 +39,8 @@ SYSTEM = (
 # A compact answer is its tagged parts and nothing else, so its opening is written for the
 # model: the answer continues `<candidate_1>` (harness.llm.base.answer_start). A 0.5B model
 # asked for tags opened with a preamble, a heading or a code fence in most of its answers.
+# A form with an `opening` (an equation's "+": a term added to the current expression) has
+# the first candidate start with it too.
 ANSWER_START = "<candidate_1>"
 
 _EXAMPLE_EDIT = Edit("    lines copied exactly from the current program", "    their replacement")
@@ -75,7 +77,8 @@ def build_prompt(
 
     With `compact` (the problem's compact form) the statement is the form's, the parent and the
     drafts are shown as their evolved parts, the candidates are asked for as parts, and a third
-    message, the assistant's, opens the answer with ANSWER_START for the model to continue.
+    message, the assistant's, opens the answer with ANSWER_START (and the form's `opening`) for
+    the model to continue.
 
     Drafts are shown in the order given. Without a budget every part is shown at its own
     limit; with one, drafts are dropped from the end while the prompt is over `budget.tokens`,
@@ -95,7 +98,8 @@ def build_prompt(
         )
         prompt = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
         if compact is not None:
-            prompt.append({"role": "assistant", "content": ANSWER_START})
+            opening = f"\n{compact.opening}" if compact.opening else ""
+            prompt.append({"role": "assistant", "content": ANSWER_START + opening})
         return prompt
 
     prompt = messages()
@@ -332,9 +336,12 @@ def _compact_task(problem: Problem, candidates: int, compact: Compact) -> str:
     """The ask for `candidates` parts in the compact form, each alone in its tags."""
     what = compact.what
     spread = _spread(problem, candidates)
+    shown = compact.sketches or tuple(
+        f"...candidate {i}'s {what}..." for i in range(1, min(2, candidates) + 1)
+    )
     example = "\n".join(
-        f"<candidate_{i}>\n...candidate {i}'s {what}...\n</candidate_{i}>"
-        for i in range(1, min(2, candidates) + 1)
+        f"<candidate_{i}>\n{sketch}\n</candidate_{i}>"
+        for i, sketch in enumerate(shown[:candidates], start=1)
     )
     plural = "s" if candidates > 1 else ""
     how = (

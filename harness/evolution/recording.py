@@ -67,7 +67,7 @@ def _classify(run: CampaignRun, batch: Sequence[SampledIteration]) -> list[Parse
             sampled.parent.code,
             _Either(run.seen, earlier),
             run.problem.entry,
-            run.compact.program if run.compact else run.problem.admit,
+            run.compact.reader(sampled.parent.code) if run.compact else run.problem.admit,
             family=run.problem.family,
             memory=run.novelty,
             island=sampled.selection.island,

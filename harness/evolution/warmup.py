@@ -91,7 +91,7 @@ def warm_up(
         config.temperature, config.top_p, config.max_tokens, top_k=config.top_k, seed=config.seed
     )
     completions = _sample(base_generator(config), prompt, settings.samples, sampling)
-    expand = compact.program if (compact := compact_form(config, problem)) else None
+    expand = compact.reader(parent_code) if (compact := compact_form(config, problem)) else None
     kept = [c for c in completions if well_formed(c, config.candidates, parent_code, expand)]
     before = len(kept) / len(completions)
     say(

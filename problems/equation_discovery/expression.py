@@ -33,14 +33,19 @@ class Expression(Compact):
     what = "expression"
     # Asked for m "genuinely different forms", Qwen2.5-Coder-0.5B wrapped the whole current
     # expression in a different function each time (np.sin(...), np.exp(...), np.tan(...)),
-    # which throws away the terms that fit. With this advice and the shorter compact prompt,
-    # the demo's first prompt gave 190 valid candidates of 432 against 167, mean score 0.030
-    # against 0.017 (benchmarks/results/prompt_probe.md).
+    # which throws away the terms that fit; asked to build on the current expression, it
+    # mostly rewrote it with the terms dropped or copied it whole. A candidate may therefore be
+    # `+ <term>`, which the harness adds to the parent's expression (`reader`), the example
+    # candidates show that form, and the answer opens with it: on the demo's first prompt 31
+    # of 192 slots beat the seed against 2 (benchmarks/results/prompt_probe_addition.md).
     advice = (
-        "Build each one on the current expression: keep its terms that fit and add a new term "
-        "with its own params[k] (a power or a product of the inputs, or a function of one "
-        "input), or change one term. Give each candidate a different new term."
+        "Build each one on the current expression: write + and a new term with its own "
+        "params[k] (a power or a product of the inputs, or a function of one input), which is "
+        "added to the current expression, or write a whole expression that changes one of its "
+        "terms. Give each candidate a different new term."
     )
+    sketches = ("+ params[3] * ...a new term...", "+ params[3] * ...another new term...")
+    opening = "+"
 
     def __init__(
         self, inputs: tuple[str, ...], statement: str, example: str, build: Callable[[str], str]
@@ -58,3 +63,20 @@ class Expression(Compact):
 
     def program(self, text: str) -> str:
         return self._build(grammar.read(text, self.inputs).text)  # Refused is a ValueError
+
+    def reader(self, parent_code: str) -> Callable[[str], str]:
+        """`program`, but a candidate that starts with + is a term added to the parent's
+        expression (`grammar.extend`)."""
+
+        def read(text: str) -> str:
+            if not text.lstrip().startswith("+"):
+                return self.program(text)
+            base = self.part(parent_code)
+            if base is None:
+                raise grammar.Refused(
+                    "the current program is not one expression, so nothing can be added to it:"
+                    " write a whole expression"
+                )
+            return self._build(grammar.extend(base, text, self.inputs).text)
+
+        return read
