@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -121,29 +122,12 @@ def test_a_group_of_expressions_becomes_programs_or_reasons() -> None:
 def test_the_prompt_shows_expressions_and_asks_for_them(tmp_path: Path) -> None:
     """Through the campaign's own path: stored programs are whole, the next prompt shows the
     parent and a draft as expressions, and it is much shorter than the whole-program one."""
-    from harness.config.settings import build
-    from harness.evolution.iteration import SampledIteration
-    from harness.evolution.loop import prepare
     from harness.evolution.prompts import build_prompt
-    from harness.evolution.recording import evaluate_and_store
-    from harness.evolution.selection import Selection
-    from harness.llm import Completion
-    from harness.store import Store
 
-    config = build(
-        {"problem": OSCILLATOR.name, "candidates": 2, "group_size": 1, "form": "compact"}
-    )
-    store = Store.open(tmp_path / "campaign.db")
-    campaign_id = store.create_campaign("compact", OSCILLATOR.name, config.to_dict(), 0)
     text = f"<candidate_1>\n{BETTER}\n</candidate_1>\n<candidate_2>\nparams[0] * x\n</candidate_2>"
     with Sandbox(workers=2) as box:
-        campaign = prepare(config, store, OSCILLATOR, campaign_id, box)
-        seed = store.program(campaign.seed_id)
-        completion = Completion(text, (1, 2), None, "stop", (7, 8))
-        prompt = [{"role": "user", "content": "improve"}]
-        sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, [completion], [])
-        list(evaluate_and_store(campaign, [sampled]))
-    programs = store.programs(campaign_id, origin="llm")
+        store, campaign, seed = _answered(tmp_path, text, box)
+    programs = store.programs(campaign.campaign_id, origin="llm")
     assert len(programs) == 2 and all("def equation(x, v, params):" in p.code for p in programs)
     best = max(programs, key=lambda p: p.scores["fit_id"])
     compact = build_prompt(OSCILLATOR, best, [seed], 3, compact=campaign.compact)[1]["content"]
@@ -238,35 +222,18 @@ def test_a_term_after_plus_is_added_to_the_parent(tmp_path: Path) -> None:
     """A candidate `+ <term>` (the form's opening) is the parent's expression with the term
     added: through the campaign's path it is stored and scored as that whole expression, its
     params renumbered past the parent's where they collide."""
-    from harness.config.settings import build
-    from harness.evolution.iteration import SampledIteration
-    from harness.evolution.loop import prepare
-    from harness.evolution.recording import evaluate_and_store
-    from harness.evolution.selection import Selection
-    from harness.llm import Completion
-    from harness.store import Store
-
-    config = build(
-        {"problem": OSCILLATOR.name, "candidates": 2, "group_size": 1, "form": "compact"}
-    )
-    store = Store.open(tmp_path / "campaign.db")
-    campaign_id = store.create_campaign("addition", OSCILLATOR.name, config.to_dict(), 0)
     # What the model continues from the opened answer `<candidate_1>\n+`.
     text = (
         f"{ANSWER_START}\n+ params[0] * x * v\n</candidate_1>\n"
         "<candidate_2>\n+ params[9] * v ** 3\n</candidate_2>"
     )
     with Sandbox(workers=2) as box:
-        campaign = prepare(config, store, OSCILLATOR, campaign_id, box)
-        seed = store.program(campaign.seed_id)
-        completion = Completion(text, (1, 2), None, "stop", (7, 8))
-        prompt = [{"role": "user", "content": "improve"}]
-        sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, [completion], [])
-        list(evaluate_and_store(campaign, [sampled]))
+        store, campaign, seed = _answered(tmp_path, text, box)
         limits = Limits(wall_seconds=float(OSCILLATOR.time_limit), memory_mb=OSCILLATOR.memory_mb)
         written_out = "params[0] * x + params[1] * v + params[2] + params[3] * x * v"
         direct = evaluate(OSCILLATOR, OSCILLATOR.compact.program(written_out), box, limits)
-    stored = {OSCILLATOR.compact.part(p.code): p for p in store.programs(campaign_id, origin="llm")}
+    programs = store.programs(campaign.campaign_id, origin="llm")
+    stored = {OSCILLATOR.compact.part(p.code): p for p in programs}
     cubic = "params[0] * x + params[1] * v + params[2] + params[9] * v ** 3"
     assert set(stored) == {written_out, cubic}
     for name, value in direct.scores.items():
@@ -284,3 +251,28 @@ def test_an_addition_needs_an_expression_to_add_to() -> None:
     full = " + ".join(f"params[{k}] * x ** {k}" for k in range(10))
     with pytest.raises(ValueError, match="more than 10 params"):
         OSCILLATOR.compact.reader(OSCILLATOR.compact.program(full))("+ params[0] * v")
+
+
+def _answered(tmp_path: Path, text: str, box: Sandbox) -> tuple[Any, Any, Any]:
+    """A compact campaign (m = 2) whose seed got `text` as its one rollout, evaluated and
+    stored through the campaign's own path: (store, campaign, seed)."""
+    from harness.config.settings import build
+    from harness.evolution.iteration import SampledIteration
+    from harness.evolution.loop import prepare
+    from harness.evolution.recording import evaluate_and_store
+    from harness.evolution.selection import Selection
+    from harness.llm import Completion
+    from harness.store import Store
+
+    config = build(
+        {"problem": OSCILLATOR.name, "candidates": 2, "group_size": 1, "form": "compact"}
+    )
+    store = Store.open(tmp_path / "campaign.db")
+    campaign_id = store.create_campaign("compact", OSCILLATOR.name, config.to_dict(), 0)
+    campaign = prepare(config, store, OSCILLATOR, campaign_id, box)
+    seed = store.program(campaign.seed_id)
+    completion = Completion(text, (1, 2), None, "stop", (7, 8))
+    prompt = [{"role": "user", "content": "improve"}]
+    sampled = SampledIteration(0, Selection(0, seed.id, ()), seed, prompt, [completion], [])
+    list(evaluate_and_store(campaign, [sampled]))
+    return store, campaign, seed
