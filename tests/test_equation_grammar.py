@@ -23,7 +23,7 @@ from harness.evolution.iteration import BatchKeys, classify_group, new_program
 from harness.evolution.loop import run_campaign
 from harness.evolution.novelty import Novelty
 from harness.store import Store
-from problems.equation_discovery import EquationDiscovery, grammar
+from problems.equation_discovery import EquationDiscovery, addition, grammar
 from problems.equation_discovery.family import family_key
 
 OSCILLATOR = EquationDiscovery("oscillator1")
@@ -361,21 +361,21 @@ def test_an_addition_extends_the_current_expression() -> None:
     inputs = ("x", "v")
     seed = "params[0] * x + params[1] * v + params[2]"
     # A free index is kept; one the current expression uses moves to the lowest free one.
-    assert grammar.extend(seed, "+ params[7] * x * v", inputs).text == (
+    assert addition.extend(seed, "+ params[7] * x * v", inputs).text == (
         "params[0] * x + params[1] * v + params[2] + params[7] * x * v"
     )
-    assert grammar.extend(seed, "+ params[0] * x * v + params[1] * np.sin(v)", inputs).text == (
+    assert addition.extend(seed, "+ params[0] * x * v + params[1] * np.sin(v)", inputs).text == (
         "params[0] * x + params[1] * v + params[2] + params[3] * x * v + params[4] * np.sin(v)"
     )
     # A minus after the plus subtracts; the whole is read again, so spellings are one text.
-    assert grammar.extend(seed, "+ -params[2] * x**2", inputs).text == (
+    assert addition.extend(seed, "+ -params[2] * x**2", inputs).text == (
         "params[0] * x + params[1] * v + params[2] - params[3] * x ** 2"
     )
     with pytest.raises(grammar.Refused, match="starts with \\+"):
-        grammar.extend(seed, "params[3] * x", inputs)
+        addition.extend(seed, "params[3] * x", inputs)
     with pytest.raises(grammar.Refused, match="`y`"):
-        grammar.extend(seed, "+ params[3] * y", inputs)
+        addition.extend(seed, "+ params[3] * y", inputs)
     # The bounds hold for the sum: a term that takes it past them is refused.
     long = " + ".join(["x * v"] * (grammar.MAX_NODES // 3))
     with pytest.raises(grammar.Refused, match="over 40"):
-        grammar.extend(seed, "+ " + long, inputs)
+        addition.extend(seed, "+ " + long, inputs)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from problems.api import Compact
-from problems.equation_discovery import grammar
+from problems.equation_discovery import addition, grammar
 
 
 class Expression(Compact):
@@ -66,7 +66,7 @@ class Expression(Compact):
 
     def reader(self, parent_code: str) -> Callable[[str], str]:
         """`program`, but a candidate that starts with + is a term added to the parent's
-        expression (`grammar.extend`)."""
+        expression (`addition.extend`)."""
 
         def read(text: str) -> str:
             if not text.lstrip().startswith("+"):
@@ -77,6 +77,6 @@ class Expression(Compact):
                     "the current program is not one expression, so nothing can be added to it:"
                     " write a whole expression"
                 )
-            return self._build(grammar.extend(base, text, self.inputs).text)
+            return self._build(addition.extend(base, text, self.inputs).text)
 
         return read
